@@ -1,0 +1,1 @@
+"""edgevlm_ros."""

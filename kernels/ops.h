@@ -1,0 +1,75 @@
+// The operator table: every compute operator the models use, as function pointers.
+// Models call through the table only; which variant fills a slot is decided once, at start,
+// from the CPU's features (kernels/optable.cpp). Kernels know nothing of models and never
+// allocate: any scratch they need is handed to them.
+#pragma once
+#include <cstdint>
+
+#include "formats/formats.h"
+
+namespace evk {
+
+// y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m).
+// W rows are k elements of wtype, w_row_bytes apart. scratch holds at least k floats.
+struct MatmulArgs {
+    const void* w;
+    DType wtype;
+    size_t w_row_bytes;
+    int64_t k;
+    int64_t row0, row1;
+    const float* x;
+    int64_t x_stride;  // floats between tokens of x
+    float* y;
+    int64_t y_stride;  // floats between tokens of y
+    int64_t m;
+    float* scratch;
+};
+using MatmulFn = void (*)(const MatmulArgs&);
+
+// Causal attention of one query row against cached keys/values of one kv head.
+// out[d] = sum_j softmax_j(scale * q.k_j) v_j for j in [0, n_kv); scores holds n_kv floats.
+struct AttentionArgs {
+    const float* q;
+    const float* k;  // n_kv rows, k_stride floats apart
+    const float* v;  // n_kv rows, v_stride floats apart
+    int64_t k_stride, v_stride;
+    int64_t n_kv;
+    int64_t head_dim;
+    float scale;
+    float* out;
+    float* scores;
+};
+using AttentionFn = void (*)(const AttentionArgs&);
+
+struct OpTable {
+    MatmulFn matmul[31];  // indexed by ggml type id; nullptr where there is no kernel
+    const char* matmul_variant[31];
+    AttentionFn attention;
+    const char* attention_variant;
+    void (*rmsnorm)(const float* x, const float* w, float* y, int64_t n, float eps);
+    void (*layernorm)(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
+    // Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + d/2) ("neox").
+    void (*rope)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, float pos,
+                 float theta_base, bool neox);
+    void (*silu_mul)(float* a, const float* b, int64_t n);  // a = silu(a) * b
+    void (*gelu_tanh)(float* a, int64_t n);
+    void (*add)(float* a, const float* b, int64_t n);      // a += b
+};
+
+// CPU features the table is chosen from.
+struct CpuFeatures {
+    bool avx2 = false, fma = false, f16c = false, avx512f = false;
+    bool neon = false, dotprod = false, i8mm = false;
+};
+CpuFeatures detect_cpu_features();
+
+// The reference table (scalar, the ground truth) and the best table for this CPU.
+const OpTable& reference_ops();
+const OpTable& best_ops();
+
+// Scalar reference kernels, exported so tests and faster variants can compare against them.
+void matmul_ref(const MatmulArgs& a);
+void attention_ref(const AttentionArgs& a);
+float dot_ref(const float* a, const float* b, int64_t n);
+
+}  // namespace evk

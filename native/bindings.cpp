@@ -1,0 +1,185 @@
+// The one pybind11 file: exposes the GGUF reader and the models to Python as edgevlm_ros._engine.
+// Compute runs with the GIL released so a ROS executor keeps spinning while a frame is described.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "gguf.h"
+#include "models/llama.h"
+
+namespace py = pybind11;
+using namespace evn;
+
+namespace {
+
+py::object to_python(const GValue& v) {
+    switch (v.type) {
+    case GType::U8: case GType::U16: case GType::U32: case GType::U64: return py::int_(v.u);
+    case GType::I8: case GType::I16: case GType::I32: case GType::I64: return py::int_(v.i);
+    case GType::F32: case GType::F64: return py::float_(v.f);
+    case GType::BOOL: return py::bool_(v.u != 0);
+    case GType::STRING: {
+        // Invalid UTF-8 in a file must not raise here: keep the bytes as surrogate escapes.
+        PyObject* s = PyUnicode_DecodeUTF8(v.s.data(), static_cast<Py_ssize_t>(v.s.size()), "surrogateescape");
+        if (!s) throw py::error_already_set();
+        return py::reinterpret_steal<py::object>(s);
+    }
+    case GType::ARRAY: {
+        py::list l(v.arr.size());
+        for (size_t i = 0; i < v.arr.size(); ++i) l[i] = to_python(v.arr[i]);
+        return std::move(l);
+    }
+    }
+    return py::none();
+}
+
+py::dict tensor_dict(const TensorInfo& t) {
+    py::dict d;
+    d["name"] = t.name;
+    d["type"] = evk::type_traits(t.type)->name;
+    py::list shape;
+    for (int i = 0; i < t.n_dims; ++i) shape.append(t.ne[i]);
+    d["shape"] = shape;  // ggml order: ne[0] (contiguous) first
+    d["offset"] = t.offset;
+    d["nbytes"] = t.nbytes;
+    return d;
+}
+
+py::array_t<float> dequantize_tensor(const GGUFFile& f, const std::string& name) {
+    const TensorInfo* t = f.find_tensor(name);
+    if (!t) throw py::key_error("no tensor '" + name + "' in '" + f.path() + "'");
+    if (!evk::type_traits(t->type)->computable)
+        throw py::value_error(std::string("format ") + evk::type_traits(t->type)->name + " of '" + name + "' is not supported");
+    std::vector<py::ssize_t> shape;
+    for (int i = t->n_dims - 1; i >= 0; --i) shape.push_back(t->ne[i]);  // numpy order
+    py::array_t<float> out(shape);
+    float* dst = out.mutable_data();
+    const int64_t rows = t->nelements() / t->ne[0];
+    const size_t rb = evk::row_bytes(t->type, t->ne[0]);
+    for (int64_t r = 0; r < rows; ++r)
+        evk::dequantize_row(t->type, static_cast<const char*>(t->data) + static_cast<size_t>(r) * rb, dst + r * t->ne[0], t->ne[0]);
+    return out;
+}
+
+py::array_t<int32_t> as_ids(const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& a) {
+    if (a.ndim() != 1) throw py::value_error("token ids must be a 1-D array");
+    return a;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_engine, m) {
+    m.doc() = "edgevlm native engine: GGUF reader, kernels and model graphs";
+    py::register_exception<GGUFError>(m, "GGUFError", PyExc_ValueError);
+
+    m.def("cpu_features", [] {
+        const evk::CpuFeatures f = evk::detect_cpu_features();
+        py::dict d;
+        d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f;
+        d["neon"] = f.neon; d["dotprod"] = f.dotprod; d["i8mm"] = f.i8mm;
+        return d;
+    });
+
+    py::class_<GGUFFile, std::shared_ptr<GGUFFile>>(m, "GGUFFile")
+        .def(py::init([](const std::string& path) {
+                 py::gil_scoped_release nogil;
+                 return std::make_shared<GGUFFile>(path);
+             }),
+             py::arg("path"))
+        .def_property_readonly("path", &GGUFFile::path)
+        .def_property_readonly("version", &GGUFFile::version)
+        .def_property_readonly("alignment", &GGUFFile::alignment)
+        .def_property_readonly("data_offset", &GGUFFile::data_offset)
+        .def_property_readonly("file_size", &GGUFFile::file_size)
+        .def("metadata", [](const GGUFFile& f) {
+            py::dict d;
+            for (const auto& kv : f.metadata()) d[py::str(kv.first)] = to_python(kv.second);
+            return d;
+        }, "All key/value pairs as plain Python values (arrays as lists).")
+        .def("tensors", [](const GGUFFile& f) {
+            py::list l;
+            for (const TensorInfo& t : f.tensors()) l.append(tensor_dict(t));
+            return l;
+        })
+        .def("dequantize", &dequantize_tensor, py::arg("name"), "A tensor converted to float32, numpy dimension order.");
+
+    py::class_<KVSnapshot, std::shared_ptr<KVSnapshot>>(m, "KVSnapshot")
+        .def_readonly("n_past", &KVSnapshot::n_past)
+        .def_property_readonly("nbytes", [](const KVSnapshot& s) { return (s.k.size() + s.v.size()) * sizeof(float); });
+
+    py::class_<LlamaModel>(m, "LlamaModel")
+        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch) {
+                 if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
+                 if (n_ctx < 0) throw py::value_error("n_ctx must be >= 0 (0 = default)");
+                 if (n_batch < 1 || n_batch > 4096) throw py::value_error("n_batch must be in 1..4096");
+                 py::gil_scoped_release nogil;
+                 return std::make_unique<LlamaModel>(std::move(f), threads, n_ctx, n_batch);
+             }),
+             py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = 64)
+        .def_property_readonly("config", [](const LlamaModel& mdl) {
+            const LlamaConfig& c = mdl.config();
+            py::dict d;
+            d["arch"] = c.arch; d["n_vocab"] = c.n_vocab; d["n_embd"] = c.n_embd; d["n_ff"] = c.n_ff;
+            d["n_layer"] = c.n_layer; d["n_head"] = c.n_head; d["n_head_kv"] = c.n_head_kv; d["head_dim"] = c.head_dim;
+            d["n_ctx_train"] = c.n_ctx_train; d["rope_dims"] = c.rope_dims; d["rms_eps"] = c.rms_eps;
+            d["rope_base"] = c.rope_base; d["rope_scale"] = c.rope_scale; d["tied_output"] = c.tied_output;
+            return d;
+        })
+        .def_property_readonly("n_ctx", &LlamaModel::n_ctx)
+        .def_property_readonly("n_past", &LlamaModel::n_past)
+        .def_property_readonly("threads", &LlamaModel::threads)
+        .def("variants", &LlamaModel::variants)
+        .def("reset", &LlamaModel::reset)
+        .def("forward", [](LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids, bool all_logits) {
+            ids = as_ids(ids);
+            const int64_t n = ids.shape(0);
+            if (n == 0) throw py::value_error("no tokens to run");
+            const int64_t V = mdl.config().n_vocab;
+            py::array_t<float> out = all_logits ? py::array_t<float>({n, V}) : py::array_t<float>({V});
+            float* dst = out.mutable_data();
+            const int32_t* src = ids.data();
+            {
+                py::gil_scoped_release nogil;
+                mdl.forward_tokens(src, n, dst, all_logits);
+            }
+            return out;
+        }, py::arg("ids"), py::arg("all_logits") = false,
+           "Appends tokens to the cache; returns the last position's logits, or every position's.")
+        .def("forward_embeddings", [](LlamaModel& mdl, py::array_t<float, py::array::c_style | py::array::forcecast> x, bool all_logits) {
+            if (x.ndim() != 2 || x.shape(1) != mdl.config().n_embd)
+                throw py::value_error("embeddings must have shape (n, " + std::to_string(mdl.config().n_embd) + ")");
+            const int64_t n = x.shape(0), V = mdl.config().n_vocab;
+            if (n == 0) throw py::value_error("no embeddings to run");
+            py::array_t<float> out = all_logits ? py::array_t<float>({n, V}) : py::array_t<float>({V});
+            float* dst = out.mutable_data();
+            const float* src = x.data();
+            {
+                py::gil_scoped_release nogil;
+                mdl.forward_embeddings(src, n, dst, all_logits);
+            }
+            return out;
+        }, py::arg("x"), py::arg("all_logits") = false)
+        .def("generate", [](LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> prompt, int64_t max_new,
+                            std::vector<int32_t> stop_ids, double max_ms) {
+            prompt = as_ids(prompt);
+            if (max_new < 0) throw py::value_error("max_new_tokens must be >= 0");
+            if (prompt.shape(0) == 0 && mdl.n_past() == 0) throw py::value_error("empty prompt on an empty cache");
+            GenerateResult r;
+            const int32_t* src = prompt.data();
+            const int64_t n = prompt.shape(0);
+            {
+                py::gil_scoped_release nogil;
+                mdl.generate(src, n, max_new, stop_ids, max_ms, r);
+            }
+            py::dict d;
+            d["tokens"] = r.tokens;
+            d["stop_reason"] = r.stop_reason;
+            d["prefill_ms"] = r.prefill_ms;
+            d["decode_ms"] = r.decode_ms;
+            d["n_prompt"] = r.n_prompt;
+            return d;
+        }, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::arg("max_ms") = 0.0,
+           "Greedy decoding after appending prompt to the cache; the stop token is not returned.")
+        .def("snapshot", [](const LlamaModel& mdl) { return std::make_shared<KVSnapshot>(mdl.snapshot()); })
+        .def("restore", [](LlamaModel& mdl, const KVSnapshot& s) { mdl.restore(s); });
+}

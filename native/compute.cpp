@@ -1,0 +1,66 @@
+#include "compute.h"
+
+#include <algorithm>
+
+namespace evn {
+
+Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows) {
+    const TensorInfo* t = f.find_tensor(name);
+    if (!t) f.fail("tensor '" + name + "'", "missing");
+    if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != rows)
+        f.fail("tensor '" + name + "'", "shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+                                            "] does not match the expected [" + std::to_string(cols) + ", " +
+                                            std::to_string(rows) + "]");
+    const evk::TypeTraits* tt = evk::type_traits(t->type);
+    if (!tt->computable || !evk::best_ops().matmul[static_cast<uint32_t>(t->type)])
+        f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
+    Weight w;
+    w.type = t->type;
+    w.data = t->data;
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = evk::row_bytes(t->type, cols);
+    return w;
+}
+
+std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64_t n) {
+    const TensorInfo* t = f.find_tensor(name);
+    if (!t) f.fail("tensor '" + name + "'", "missing");
+    if (t->nelements() != n)
+        f.fail("tensor '" + name + "'", std::to_string(t->nelements()) + " elements, expected " + std::to_string(n));
+    const evk::TypeTraits* tt = evk::type_traits(t->type);
+    if (!tt->computable) f.fail("tensor '" + name + "'", std::string("format ") + tt->name + " is not supported");
+    std::vector<float> v(static_cast<size_t>(n));
+    evk::dequantize_row(t->type, t->data, v.data(), n);
+    return v;
+}
+
+Compute::Compute(int n_threads, int64_t max_k)
+    : pool_(n_threads), ops_(&evk::best_ops()), max_k_(max_k),
+      scratch_(static_cast<size_t>(pool_.size()) * static_cast<size_t>(max_k)) {}
+
+void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride) {
+    const evk::MatmulFn fn = ops_->matmul[static_cast<uint32_t>(w.type)];
+    // Chunks of rows: enough of them that a descheduled thread's share is picked up by another.
+    const int64_t rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
+    const int64_t n_chunks = (w.rows + rows_per_chunk - 1) / rows_per_chunk;
+    auto body = [&](int64_t chunk, int t) {
+        evk::MatmulArgs a{};
+        a.w = w.data;
+        a.wtype = w.type;
+        a.w_row_bytes = w.row_bytes;
+        a.k = w.cols;
+        a.row0 = chunk * rows_per_chunk;
+        a.row1 = std::min(w.rows, a.row0 + rows_per_chunk);
+        a.x = x;
+        a.x_stride = x_stride;
+        a.y = y;
+        a.y_stride = y_stride;
+        a.m = m;
+        a.scratch = scratch(t);
+        fn(a);
+    };
+    pool_.run(n_chunks, body);
+}
+
+}  // namespace evn

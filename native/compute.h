@@ -1,0 +1,49 @@
+// The runtime's compute context: the thread pool, the operator table, and per-thread scratch.
+// Models describe their layers with Weight views and call these helpers; the helpers split work
+// across threads and reach kernels only through the operator table.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../kernels/ops.h"
+#include "gguf.h"
+#include "thread_pool.h"
+
+namespace evn {
+
+// A 2-D weight viewed in place in the mapped file: `rows` rows of `cols` elements.
+struct Weight {
+    evk::DType type = evk::DType::F32;
+    const void* data = nullptr;
+    int64_t rows = 0, cols = 0;
+    size_t row_bytes = 0;
+};
+
+// Looks up a 2-D tensor of the expected shape (cols = ne[0]) and a type with kernels.
+Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows);
+// Looks up a tensor of exactly n elements and converts it to owned floats (norms, biases).
+std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64_t n);
+
+class Compute {
+public:
+    Compute(int n_threads, int64_t max_k);
+    int threads() const { return pool_.size(); }
+    const evk::OpTable& ops() const { return *ops_; }
+    ThreadPool& pool() { return pool_; }
+
+    // y[t] = W x[t] for t in [0, m); x rows are x_stride floats apart, y rows y_stride.
+    void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride);
+    void matmul(const Weight& w, const float* x, int64_t m, float* y) { matmul(w, x, w.cols, m, y, w.rows); }
+
+    // Scratch of at least max_k floats reserved for thread t.
+    float* scratch(int t) { return scratch_.data() + static_cast<size_t>(t) * static_cast<size_t>(max_k_); }
+
+private:
+    ThreadPool pool_;
+    const evk::OpTable* ops_;
+    int64_t max_k_;
+    std::vector<float> scratch_;
+};
+
+}  // namespace evn
