@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 #include "gguf.h"
 #include "models/llama.h"
 
@@ -66,6 +68,20 @@ py::array_t<int32_t> as_ids(const py::array_t<int32_t, py::array::c_style | py::
     return a;
 }
 
+const evk::OpTable& table_named(const std::string& name) {
+    if (name == "ref") return evk::reference_ops();
+    if (name == "best") return evk::best_ops();
+    throw py::value_error("table must be 'ref' or 'best'");
+}
+
+evk::DType dtype_named(const std::string& name) {
+    for (uint32_t id = 0; id < 64; ++id) {
+        const evk::TypeTraits* t = evk::type_traits(id);
+        if (t && name == t->name) return static_cast<evk::DType>(id);
+    }
+    throw py::value_error("unknown weight format '" + name + "'");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_engine, m) {
@@ -77,6 +93,96 @@ PYBIND11_MODULE(_engine, m) {
         py::dict d;
         d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f;
         d["neon"] = f.neon; d["dotprod"] = f.dotprod; d["i8mm"] = f.i8mm;
+        return d;
+    });
+
+
+    // Kernel-level entry points for the tests: one operator of a named table on numpy inputs.
+    m.def("kernel_matmul", [](const std::string& table, const std::string& wtype,
+                              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w, int64_t rows, int64_t cols,
+                              py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {
+        const evk::DType t = dtype_named(wtype);
+        const evk::TypeTraits* tt = evk::type_traits(t);
+        const evk::OpTable& ops = table_named(table);
+        const evk::MatmulFn fn = ops.matmul[static_cast<uint32_t>(t)];
+        if (!fn || !tt->computable) throw py::value_error("no matmul kernel for " + wtype);
+        const size_t rb = evk::row_bytes(t, cols);
+        if (rows < 1 || cols < 1 || rb == 0) throw py::value_error("cols must be a positive multiple of the block size");
+        if (static_cast<size_t>(w.size()) != rb * static_cast<size_t>(rows)) throw py::value_error("weight bytes do not match rows x cols");
+        if (x.ndim() != 2 || x.shape(1) != cols) throw py::value_error("x must have shape (m, cols)");
+        if (threads < 1 || threads > 64) throw py::value_error("threads must be in 1..64");
+        const int64_t mm = x.shape(0);
+        py::array_t<float> y({mm, rows});
+        Weight wt{t, w.data(), rows, cols, rb};
+        float* yp = y.mutable_data();
+        const float* xp = x.data();
+        {
+            py::gil_scoped_release nogil;
+            Compute c(threads, cols);
+            if (&ops == &evk::best_ops()) {
+                c.matmul(wt, xp, cols, mm, yp, rows);
+            } else {
+                std::vector<float> scratch(static_cast<size_t>(cols));
+                evk::MatmulArgs a{wt.data, t, rb, cols, 0, rows, xp, cols, yp, rows, mm, scratch.data()};
+                fn(a);
+            }
+        }
+        return y;
+    }, py::arg("table"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1);
+
+    m.def("kernel_attention", [](const std::string& table, py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> v, float scale) {
+        if (q.ndim() != 1 || k.ndim() != 2 || v.ndim() != 2 || k.shape(1) != q.shape(0) || v.shape(1) != q.shape(0) ||
+            k.shape(0) != v.shape(0) || k.shape(0) < 1)
+            throw py::value_error("q (d,), k and v (n, d) with n >= 1");
+        const int64_t d = q.shape(0), n = k.shape(0);
+        py::array_t<float> out(d);
+        std::vector<float> scores(static_cast<size_t>(n));
+        evk::AttentionArgs a{q.data(), k.data(), v.data(), d, d, n, d, scale, out.mutable_data(), scores.data()};
+        table_named(table).attention(a);
+        return out;
+    });
+
+    m.def("quantize", [](const std::string& wtype, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        const evk::DType t = dtype_named(wtype);
+        const int64_t n = x.size();
+        const size_t rb = evk::row_bytes(t, n);
+        if (rb == 0) throw py::value_error("size must be a multiple of the block size");
+        py::array_t<uint8_t> out(static_cast<py::ssize_t>(rb));
+        switch (t) {
+        case evk::DType::Q8_0: evk::quantize_row_q8_0(x.data(), out.mutable_data(), n); break;
+        case evk::DType::Q4_0: evk::quantize_row_q4_0(x.data(), out.mutable_data(), n); break;
+        case evk::DType::Q4_1: evk::quantize_row_q4_1(x.data(), out.mutable_data(), n); break;
+        case evk::DType::F16: {
+            uint16_t* o = reinterpret_cast<uint16_t*>(out.mutable_data());
+            for (int64_t i = 0; i < n; ++i) o[i] = evk::fp32_to_fp16(x.data()[i]);
+            break;
+        }
+        case evk::DType::F32: std::memcpy(out.mutable_data(), x.data(), rb); break;
+        default: throw py::value_error("no reference quantizer for " + wtype);
+        }
+        return out;
+    }, "Reference quantization of a float32 array (a whole number of blocks) to raw GGUF bytes.");
+
+    m.def("dequantize", [](const std::string& wtype, py::array_t<uint8_t, py::array::c_style | py::array::forcecast> raw, int64_t n) {
+        const evk::DType t = dtype_named(wtype);
+        if (!evk::type_traits(t)->computable) throw py::value_error("format " + wtype + " is not supported");
+        const size_t rb = evk::row_bytes(t, n);
+        if (rb == 0 || static_cast<size_t>(raw.size()) != rb) throw py::value_error("byte count does not match n");
+        py::array_t<float> out(n);
+        evk::dequantize_row(t, raw.data(), out.mutable_data(), n);
+        return out;
+    }, "Reference dequantization of raw GGUF bytes to n float32 values.");
+
+    m.def("kernel_variants", [] {
+        py::dict d;
+        const evk::OpTable& b = evk::best_ops();
+        for (const char* name : {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}) {
+            const uint32_t id = static_cast<uint32_t>(dtype_named(name));
+            d[py::str(std::string("matmul/") + name)] = b.matmul_variant[id];
+        }
+        d["attention"] = b.attention_variant;
         return d;
     });
 

@@ -1,0 +1,86 @@
+"""`edgevlm` command line: generate text (and, with later subcommands, describe images, bench).
+
+Errors are one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import NoReturn, Sequence
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + message
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="edgevlm", description="edgevlm native VLM engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser("generate", help="generate text from a prompt with a GGUF text model")
+    gen.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from models/)")
+    gen.add_argument("--prompt", required=True, help="the user turn (or the raw text with --raw)")
+    gen.add_argument("--system", help="system prompt (default: the chat template's own)")
+    gen.add_argument("--max-tokens", type=_non_negative_int, default=128, help="most tokens to generate (128)")
+    gen.add_argument("--threads", type=_positive_int, default=None, help="threads (default: cores, at most 8)")
+    gen.add_argument("--raw", action="store_true", help="feed the prompt as it is: no chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .text_model import load
+
+    model = load(args.model, threads=args.threads)
+    result = model.generate(args.prompt, max_new_tokens=args.max_tokens, raw=args.raw, system=args.system)
+    if args.json:
+        print(json.dumps(result.as_dict(), ensure_ascii=False))
+    else:
+        print(result.text)
+        t = result.timings_ms
+        print(
+            f"[{len(result.prompt_token_ids)} prompt tokens, {len(result.token_ids)} generated, "
+            f"prefill {t['prefill']:.0f} ms, decode {t['decode']:.0f} ms, {result.tokens_per_s:.1f} tokens/s, "
+            f"stop: {result.stop_reason}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"generate": _generate}
+    try:
+        return handlers[args.command](args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"edgevlm: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

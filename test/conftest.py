@@ -1,0 +1,44 @@
+"""Shared fixtures. Loading models is slow, so each is loaded once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Nothing leaves this machine: any ROS process a test starts discovers peers on localhost only.
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models"
+TEXT_MODEL = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def text_model_path() -> Path:
+    assert TEXT_MODEL.exists(), f"{TEXT_MODEL} is missing: run scripts/setup.sh (make test does)"
+    return TEXT_MODEL
+
+
+@pytest.fixture(scope="session")
+def engine(text_model_path: Path) -> Any:
+    """Our engine on the real SmolLM2 weights, two threads (this machine's cores)."""
+    import edgevlm_ros
+
+    return edgevlm_ros.load(text_model_path, threads=2)
+
+
+@pytest.fixture(scope="session")
+def hf_model(text_model_path: Path) -> Any:
+    """transformers' LlamaForCausalLM loading the same GGUF, dequantized to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(text_model_path.parent), gguf_file=text_model_path.name, dtype=torch.float32
+    )
+    model.eval()
+    return model
