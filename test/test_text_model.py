@@ -1,0 +1,132 @@
+"""The Python API and the CLI on the real model: prefix snapshots, stop rules, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_prefix_restore_equals_recomputing_the_whole_prompt(engine: Any) -> None:
+    system = "You are a robot's eyes. Answer in one short sentence."
+    full = engine.encode_prompt("What colour is a ripe banana?", system=system)
+    # The system turn is a prefix of the full prompt: everything up to the user turn.
+    prefix_ids = engine.tokenizer.encode(engine.chat_text("", system=system), add_bos=False)
+    n_pre = next(i for i, (a, b) in enumerate(zip(prefix_ids, full, strict=False)) if a != b)
+    prefix = engine.prefix(full[:n_pre])
+    assert prefix.snapshot.n_past == n_pre
+
+    recomputed = engine.generate_ids(full, max_new_tokens=24)
+    cached = engine.generate_ids(full, max_new_tokens=24, prefix=prefix)
+    cached_again = engine.generate_ids(full, max_new_tokens=24, prefix=prefix)  # snapshot reusable
+    assert cached.cached_prefix_tokens == n_pre
+    assert recomputed.cached_prefix_tokens == 0
+    assert cached.token_ids == recomputed.token_ids == cached_again.token_ids
+    assert len(cached.token_ids) > 0
+
+
+def test_prefix_logits_are_bitwise_equal(engine: Any) -> None:
+    ids = engine.encode_prompt("Name a primary colour.")
+    whole = engine.logits(ids)[-1]
+    engine.native.restore(engine.prefix(ids[:7]).snapshot)
+    rest = engine.native.forward(np.asarray(ids[7:], dtype=np.int32))
+    np.testing.assert_array_equal(rest, whole)
+
+
+def test_prefix_not_matching_prompt_is_not_used(engine: Any) -> None:
+    prefix = engine.prefix(engine.tokenizer.encode("Completely different text"))
+    ids = engine.encode_prompt("What is a robot?")
+    r = engine.generate_ids(ids, max_new_tokens=4, prefix=prefix)
+    assert r.cached_prefix_tokens == 0
+    assert r.token_ids == engine.generate_ids(ids, max_new_tokens=4).token_ids
+
+
+def test_generation_stops_and_reports(engine: Any) -> None:
+    r = engine.generate("Say just the word yes.", max_new_tokens=32)
+    assert r.stop_reason in ("stop_token", "max_tokens")
+    assert set(r.timings_ms) >= {"tokenize", "prefill", "decode", "detokenize", "total"}
+    assert r.text == engine.tokenizer.decode(r.token_ids, skip_special=True)
+    assert not set(r.token_ids) & set(engine.stop_ids)
+    zero = engine.generate("hello", max_new_tokens=0)
+    assert zero.token_ids == [] and zero.stop_reason == "max_tokens"
+    one = engine.generate("hello", max_new_tokens=1)
+    assert len(one.token_ids) == 1
+
+
+def test_deadline_stops_decoding(engine: Any) -> None:
+    r = engine.generate("Tell me a long story about a robot.", max_new_tokens=200, deadline_ms=1.0)
+    assert r.stop_reason == "deadline"
+    assert len(r.token_ids) < 200
+
+
+def test_raw_prompt_has_no_template(engine: Any) -> None:
+    ids = engine.encode_prompt("Once upon a time", raw=True)
+    assert ids == engine.tokenizer.encode("Once upon a time")
+    assert engine.tokenizer.bos_id not in ids  # SmolLM2's GGUF sets add_bos_token = false
+    chat = engine.encode_prompt("Once upon a time")
+    assert chat[0] == engine.tokenizer.token_to_id("<|im_start|>")
+
+
+def test_bad_token_ids_and_context_overflow_raise(engine: Any) -> None:
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.logits([1, 2, 10**6])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.logits([-1])
+    with pytest.raises(ValueError, match="context full"):
+        engine.native.reset()
+        engine.native.forward(np.zeros(engine.native.n_ctx + 1, dtype=np.int32))
+    # The model still works afterwards.
+    assert engine.generate("hi", max_new_tokens=2).token_ids
+
+
+def test_loading_a_non_llama_or_broken_file_is_a_value_error(tmp_path: Path) -> None:
+    import edgevlm_ros
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 5)
+    with pytest.raises(ValueError, match="bad.gguf"):
+        edgevlm_ros.load(bad)
+    with pytest.raises(FileNotFoundError):
+        edgevlm_ros.load(tmp_path / "missing.gguf")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "edgevlm_ros.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=ROOT)
+
+
+def test_cli_generate_answers_what_is_a_robot() -> None:
+    p = _cli("generate", "--prompt", "What is a robot?", "--max-tokens", "48", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert {"text", "token_ids", "prompt_token_ids", "timings_ms", "tokens_per_s"} <= set(out)
+    assert "robot" in out["text"].lower()
+    assert len(out["token_ids"]) > 10 and out["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("generate", "--prompt", "x", "--model", "/nonexistent.gguf"), "not found"),
+        (("generate", "--prompt", "x", "--max-tokens", "-3"), "must be >= 0"),
+        (("generate", "--prompt", "x", "--threads", "zero"), "not an integer"),
+        (("generate",), "required"),
+        (("generate", "--prompt", "x", "--model", str(ROOT / "setup.py")), "not a GGUF file"),
+    ],
+)
+def test_cli_errors_are_one_line(args: tuple[str, ...], message: str) -> None:
+    p = _cli(*args)
+    assert p.returncode != 0
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert message in lines[0]
+    assert "Traceback" not in p.stderr
