@@ -12,6 +12,8 @@ ParallelCompile("EDGEVLM_BUILD_JOBS", default=0).install()
 
 sources = sorted(glob.glob("native/**/*.cpp", recursive=True) + glob.glob("kernels/**/*.cpp", recursive=True))
 sources = [s for s in sources if "/test_" not in s]
+# Headers as dependencies, so `build_ext --inplace` rebuilds when only a header changed.
+headers = sorted(glob.glob("native/**/*.h", recursive=True) + glob.glob("kernels/**/*.h", recursive=True))
 
 # Baseline x86-64 (or armv8-a) code everywhere; ISA-specific kernels carry their own target
 # attributes and are picked at run time by the operator table, so one build runs on any CPU.
@@ -26,6 +28,7 @@ ext = Pybind11Extension(
     f"{PACKAGE}._engine",
     sources,
     include_dirs=["native", "kernels"],
+    depends=headers,
     cxx_std=17,
     extra_compile_args=cflags,
     extra_link_args=ldflags,

