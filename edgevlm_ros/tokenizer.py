@@ -22,7 +22,7 @@ from tokenizers import AddedToken, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
-__all__ = ["StreamDecoder", "Tokenizer", "TokenType"]
+__all__ = ["StreamDecoder", "TokenType", "Tokenizer"]
 
 
 class TokenType:
@@ -129,6 +129,7 @@ class _Vocab:
 def _require_list(meta: Mapping[str, Any], key: str) -> list[Any]:
     value = meta.get(key)
     if not isinstance(value, list):
+        # ValueError, not TypeError: callers handle every bad-metadata case as one kind.
         raise ValueError(f"GGUF metadata {key!r} must be an array, got {type(value).__name__}")
     return value
 
@@ -355,6 +356,11 @@ class Tokenizer:
         if not 0 <= token_id < len(self._vocab.tokens):
             raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
         return self._vocab.tokens[token_id]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes `token_id` decodes to (may be part of a UTF-8 character)."""
+        self.id_to_token(token_id)  # range check
+        return self._pieces[token_id]
 
     def token_type(self, token_id: int) -> int:
         """`TokenType` of `token_id`."""

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "gguf.h"
+#include "models/clip_vision.h"
 #include "models/llama.h"
 
 namespace py = pybind11;
@@ -286,6 +287,47 @@ PYBIND11_MODULE(_engine, m) {
             return d;
         }, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::arg("max_ms") = 0.0,
            "Greedy decoding after appending prompt to the cache; the stop token is not returned.")
+        .def("embed", [](const LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            ids = as_ids(ids);
+            const int64_t n = ids.shape(0), d = mdl.config().n_embd;
+            py::array_t<float> out({n, d});
+            mdl.embed(ids.data(), n, out.mutable_data());
+            return out;
+        }, py::arg("ids"), "Token embedding rows, shape (n, n_embd).")
         .def("snapshot", [](const LlamaModel& mdl) { return std::make_shared<KVSnapshot>(mdl.snapshot()); })
         .def("restore", [](LlamaModel& mdl, const KVSnapshot& s) { mdl.restore(s); });
+
+    py::class_<ClipVisionModel>(m, "ClipVisionModel")
+        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads) {
+                 if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
+                 py::gil_scoped_release nogil;
+                 return std::make_unique<ClipVisionModel>(std::move(f), threads);
+             }),
+             py::arg("file"), py::arg("threads") = 1)
+        .def_property_readonly("config", [](const ClipVisionModel& mdl) {
+            const ClipVisionConfig& c = mdl.config();
+            py::dict d;
+            d["projector"] = c.projector; d["image_size"] = c.image_size; d["patch_size"] = c.patch_size;
+            d["n_embd"] = c.n_embd; d["n_ff"] = c.n_ff; d["n_layer"] = c.n_layer; d["n_head"] = c.n_head;
+            d["proj_dim"] = c.proj_dim; d["scale_factor"] = c.scale_factor; d["eps"] = c.eps;
+            d["tokens_per_tile"] = c.n_out(); d["ffn_swapped"] = mdl.ffn_swapped();
+            return d;
+        })
+        .def("encode", [](ClipVisionModel& mdl, py::array_t<float, py::array::c_style | py::array::forcecast> pixels) {
+            const ClipVisionConfig& c = mdl.config();
+            if (pixels.ndim() != 4 || pixels.shape(1) != 3 || pixels.shape(2) != c.image_size || pixels.shape(3) != c.image_size)
+                throw py::value_error("pixels must have shape (n_tiles, 3, " + std::to_string(c.image_size) + ", " +
+                                      std::to_string(c.image_size) + ")");
+            const int64_t tiles = pixels.shape(0), per = c.n_out();
+            if (tiles < 1) throw py::value_error("no tiles to encode");
+            py::array_t<float> out({tiles * per, c.proj_dim});
+            float* dst = out.mutable_data();
+            const float* src = pixels.data();
+            {
+                py::gil_scoped_release nogil;
+                for (int64_t t = 0; t < tiles; ++t)
+                    mdl.encode(src + t * 3 * c.image_size * c.image_size, dst + t * per * c.proj_dim);
+            }
+            return out;
+        }, py::arg("pixels"), "Image-token embeddings for every tile, in order: (n_tiles * tokens_per_tile, proj_dim).");
 }

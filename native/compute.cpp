@@ -7,10 +7,16 @@ namespace evn {
 Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows) {
     const TensorInfo* t = f.find_tensor(name);
     if (!t) f.fail("tensor '" + name + "'", "missing");
-    if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != rows)
-        f.fail("tensor '" + name + "'", "shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
-                                            "] does not match the expected [" + std::to_string(cols) + ", " +
+    // The outermost dimension is the rows; the inner ones (one for a matrix, three for a conv
+    // kernel [kw, kh, c_in]) flatten, contiguous, into a row of cols elements.
+    const int64_t outer = t->ne[t->n_dims - 1];
+    const int64_t inner = t->n_dims == 1 ? 1 : t->nelements() / outer;
+    if (t->n_dims < 2 || outer != rows || inner != cols || (t->n_dims == 2 && t->ne[0] != cols)) {
+        std::string shape;
+        for (int d = 0; d < t->n_dims; ++d) shape += (d ? ", " : "") + std::to_string(t->ne[d]);
+        f.fail("tensor '" + name + "'", "shape [" + shape + "] does not match the expected [" + std::to_string(cols) + ", " +
                                             std::to_string(rows) + "]");
+    }
     const evk::TypeTraits* tt = evk::type_traits(t->type);
     if (!tt->computable || !evk::best_ops().matmul[static_cast<uint32_t>(t->type)])
         f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
@@ -43,24 +49,28 @@ void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t 
     const evk::MatmulFn fn = ops_->matmul[static_cast<uint32_t>(w.type)];
     // Chunks of rows: enough of them that a descheduled thread's share is picked up by another.
     const int64_t rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
-    const int64_t n_chunks = (w.rows + rows_per_chunk - 1) / rows_per_chunk;
+    const int64_t row_chunks = (w.rows + rows_per_chunk - 1) / rows_per_chunk;
+    // Tokens in blocks of kTokenBlock, so the activations a chunk streams stay in L2.
+    constexpr int64_t kTokenBlock = 64;
+    const int64_t tok_blocks = (m + kTokenBlock - 1) / kTokenBlock;
     auto body = [&](int64_t chunk, int t) {
+        const int64_t rc = chunk % row_chunks, tb = chunk / row_chunks;
         evk::MatmulArgs a{};
         a.w = w.data;
         a.wtype = w.type;
         a.w_row_bytes = w.row_bytes;
         a.k = w.cols;
-        a.row0 = chunk * rows_per_chunk;
+        a.row0 = rc * rows_per_chunk;
         a.row1 = std::min(w.rows, a.row0 + rows_per_chunk);
-        a.x = x;
+        a.x = x + tb * kTokenBlock * x_stride;
         a.x_stride = x_stride;
-        a.y = y;
+        a.y = y + tb * kTokenBlock * y_stride;
         a.y_stride = y_stride;
-        a.m = m;
+        a.m = std::min(kTokenBlock, m - tb * kTokenBlock);
         a.scratch = scratch(t);
         fn(a);
     };
-    pool_.run(n_chunks, body);
+    pool_.run(row_chunks * tok_blocks, body);
 }
 
 }  // namespace evn

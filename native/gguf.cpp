@@ -1,5 +1,7 @@
 #include "gguf.h"
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <limits>
 
@@ -24,6 +26,30 @@ uint64_t min_size(GType t) {
 }
 
 bool valid_gtype(uint32_t t) { return t <= 12; }
+
+// Strict UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF), as Python decodes it:
+// keys and tensor names become Python str, so a name that is not UTF-8 is refused at load time.
+bool valid_utf8(const std::string& s) {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    const size_t n = s.size();
+    size_t i = 0;
+    while (i < n) {
+        const unsigned c = p[i];
+        if (c < 0x80) { ++i; continue; }
+        size_t len;
+        unsigned lo = 0x80, hi = 0xbf;  // allowed range of the first continuation byte
+        if (c >= 0xc2 && c <= 0xdf) len = 2;
+        else if (c >= 0xe0 && c <= 0xef) { len = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
+        else if (c >= 0xf0 && c <= 0xf4) { len = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
+        else return false;
+        if (n - i < len) return false;
+        if (p[i + 1] < lo || p[i + 1] > hi) return false;
+        for (size_t k = 2; k < len; ++k)
+            if ((p[i + k] & 0xc0) != 0x80) return false;
+        i += len;
+    }
+    return true;
+}
 
 // A cursor over the mapped bytes: every read checks the bytes that remain first.
 class Cursor {
@@ -113,6 +139,11 @@ void GGUFFile::fail(const std::string& field, const std::string& what) const {
 }
 
 GGUFFile::GGUFFile(const std::string& path) {
+    // open() on a FIFO blocks until a writer appears: refuse anything that is not a regular file
+    // before opening it (MappedFile checks again after open, on the descriptor).
+    struct stat st{};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+        throw GGUFError("'" + path + "' is not a regular file");
     try {
         file_ = std::make_unique<MappedFile>(path);
     } catch (const std::runtime_error& e) {
@@ -133,6 +164,7 @@ GGUFFile::GGUFFile(const std::string& path) {
     kv_.reserve(static_cast<size_t>(n_kv));
     for (uint64_t k = 0; k < n_kv; ++k) {
         std::string key = c.read_string("metadata key #" + std::to_string(k), kMaxNameLen);
+        if (!valid_utf8(key)) fail("metadata key #" + std::to_string(k), "not valid UTF-8");
         if (kv_index_.count(key)) fail(key, "duplicate metadata key");
         const uint32_t t = c.read<uint32_t>(key + " (type)");
         if (!valid_gtype(t)) fail(key, "unknown value type " + std::to_string(t));
@@ -152,6 +184,7 @@ GGUFFile::GGUFFile(const std::string& path) {
     for (uint64_t k = 0; k < n_tensors; ++k) {
         TensorInfo ti;
         ti.name = c.read_string("tensor #" + std::to_string(k) + " name", kMaxNameLen);
+        if (!valid_utf8(ti.name)) fail("tensor #" + std::to_string(k) + " name", "not valid UTF-8");
         const std::string field = "tensor '" + ti.name + "'";
         if (tensor_index_.count(ti.name)) fail(field, "duplicate tensor name");
         const uint32_t nd = c.read<uint32_t>(field + " n_dims");
