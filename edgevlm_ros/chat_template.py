@@ -401,26 +401,49 @@ def _render_guarded(template: str, context: dict[str, Any]) -> str:
         _BUDGET.reset(token)
 
 
-def _chatml(messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
-    turns = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+def _flat_content(content: str | list[dict[str, str]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") if p["type"] == "text" else "<image>" for p in content)
+
+
+def _chatml(messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
+    turns = [f"<|im_start|>{m['role']}\n{_flat_content(m['content'])}<|im_end|>\n" for m in messages]
     if add_generation_prompt:
         turns.append("<|im_start|>assistant\n")
     return "".join(turns)
 
 
-def _check_messages(messages: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+def _check_content(i: int, content: object) -> str | list[dict[str, str]]:
+    """A message's content: a string, or a list of typed parts as multimodal templates
+    (SmolVLM's) expect: {"type": "text", "text": ...} or {"type": "image"}."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in ("text", "image"):
+                raise ChatTemplateError(f"message {i}: content parts must be {{'type': 'text' | 'image', ...}}")
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in part.items()):
+                raise ChatTemplateError(f"message {i}: content parts hold strings only")
+            parts.append(dict(part))
+        return parts
+    raise ChatTemplateError(f"message {i} needs a string 'content' or a list of content parts")
+
+
+def _check_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     checked = []
     for i, message in enumerate(messages):
-        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
-            raise ChatTemplateError(f"message {i} needs string 'role' and 'content'")
-        # Plain dict copies: the template sees data only, never the caller's objects.
-        checked.append({str(k): v for k, v in message.items()})
+        if not isinstance(message.get("role"), str):
+            raise ChatTemplateError(f"message {i} needs a string 'role'")
+        # Plain copies: the template sees data only, never the caller's objects.
+        checked.append({"role": message["role"], "content": _check_content(i, message.get("content"))})
     return checked
 
 
 def render_chat(
     template: str | None,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",

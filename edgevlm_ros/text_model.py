@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
+from . import _engine, prefix_cache
 from .chat_template import render_chat
 from .paths import default_threads, resolve_model
 from .tokenizer import Tokenizer
@@ -101,6 +101,35 @@ class TextModel:
         if token_ids:
             self.native.forward(np.asarray(token_ids, dtype=np.int32))
         return PrefixState(tuple(int(t) for t in token_ids), self.native.snapshot())
+
+    def cached_prefix(self, token_ids: Sequence[int],
+                      cache_dir: str | os.PathLike[str] | None = None) -> tuple[PrefixState, str]:
+        """prefix(), loaded from or saved to a file in cache_dir keyed by model, tokens and engine.
+
+        Returns the state and what happened: "built", "loaded from <file>", "rebuilt (<why>)";
+        a stale or corrupt file is never used.
+        """
+        ids = [int(t) for t in token_ids]
+        if not cache_dir:
+            return self.prefix(ids), "built (no cache dir)"
+        key = prefix_cache.cache_key(self.path, ids)
+        path = prefix_cache.cache_path(cache_dir, key)
+        status = "built"
+        if path.exists():
+            try:
+                cached_ids, snapshot = prefix_cache.load(path, key)
+                if cached_ids != ids:
+                    raise prefix_cache.PrefixCacheError(f"{path.name}: holds other tokens")
+                self.native.restore(snapshot)  # checks layers, width and context fit
+                return PrefixState(tuple(ids), snapshot), f"loaded from {path}"
+            except ValueError as exc:  # PrefixCacheError, or a snapshot that does not fit
+                status = f"rebuilt ({exc})"
+        state = self.prefix(ids)
+        try:
+            prefix_cache.save(path, key, ids, state.snapshot)
+        except OSError as exc:
+            status += f" (not saved: {exc.strerror})"
+        return state, status
 
     def generate_ids(self, token_ids: Sequence[int], max_new_tokens: int = 64, prefix: PrefixState | None = None,
                      deadline_ms: float | None = None) -> GenerationResult:

@@ -212,7 +212,29 @@ PYBIND11_MODULE(_engine, m) {
 
     py::class_<KVSnapshot, std::shared_ptr<KVSnapshot>>(m, "KVSnapshot")
         .def_readonly("n_past", &KVSnapshot::n_past)
-        .def_property_readonly("nbytes", [](const KVSnapshot& s) { return (s.k.size() + s.v.size()) * sizeof(float); });
+        .def_readonly("n_layer", &KVSnapshot::n_layer)
+        .def_readonly("kv_dim", &KVSnapshot::kv_dim)
+        .def_property_readonly("nbytes", [](const KVSnapshot& s) { return (s.k.size() + s.v.size()) * sizeof(float); })
+        .def("arrays", [](const KVSnapshot& s) {
+            auto copy = [&](const std::vector<float>& src) {
+                py::array_t<float> a({s.n_layer, s.n_past, s.kv_dim});
+                std::memcpy(a.mutable_data(), src.data(), src.size() * sizeof(float));
+                return a;
+            };
+            return py::make_tuple(copy(s.k), copy(s.v));
+        }, "Copies of the cached keys and values, each (n_layer, n_past, kv_dim) float32.")
+        .def_static("from_arrays", [](py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                                      py::array_t<float, py::array::c_style | py::array::forcecast> v) {
+            if (k.ndim() != 3 || v.ndim() != 3 || k.shape(0) != v.shape(0) || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2))
+                throw py::value_error("k and v must both have shape (n_layer, n_past, kv_dim)");
+            auto s = std::make_shared<KVSnapshot>();
+            s->n_layer = k.shape(0);
+            s->n_past = k.shape(1);
+            s->kv_dim = k.shape(2);
+            s->k.assign(k.data(), k.data() + k.size());
+            s->v.assign(v.data(), v.data() + v.size());
+            return s;
+        }, py::arg("k"), py::arg("v"), "A snapshot from arrays (a prefix-cache file); restore() checks it fits the model.");
 
     py::class_<LlamaModel>(m, "LlamaModel")
         .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch) {

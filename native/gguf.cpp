@@ -153,8 +153,11 @@ GGUFFile::GGUFFile(const std::string& path) {
     if (file_->size() < 4 || std::memcmp(file_->data(), "GGUF", 4) != 0) fail("magic", "not a GGUF file (expected 'GGUF')");
     c.read<uint32_t>("magic");
     version_ = c.read<uint32_t>("version");
-    if (version_ != 2 && version_ != 3)
-        fail("version", "version " + std::to_string(version_) + " is not supported (2 and 3 are)");
+    if (version_ != 2 && version_ != 3) {
+        const uint32_t swapped = __builtin_bswap32(version_);
+        fail("version", "version " + std::to_string(version_) + " is not supported (2 and 3 are)" +
+                            (swapped == 2 || swapped == 3 ? "; this looks like a big-endian file, only little-endian is" : ""));
+    }
     const uint64_t n_tensors = c.read<uint64_t>("tensor_count");
     const uint64_t n_kv = c.read<uint64_t>("metadata_kv_count");
     // A key/value pair needs at least 12 bytes (key length + type); a tensor info at least 24.

@@ -1,0 +1,115 @@
+"""Prefix-cache files: the KV state of a fixed prompt prefix (the system prompt), saved so that a
+restart skips its prefill. The file is checked (size, hash, version, key) before use and is never
+unpickled; a stale or corrupt file is reported and rebuilt by the caller.
+
+Layout (little-endian):
+    b"EVKVC\\x00\\x01\\x00" | header length u32 | header JSON | K float32 | V float32 | sha256 of all before
+Header: {"version", "key", "n_layer", "n_past", "kv_dim", "token_ids"}; K and V are
+(n_layer, n_past, kv_dim) each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _engine
+
+MAGIC = b"EVKVC\x00\x01\x00"
+FORMAT_VERSION = 1
+# Bumped whenever the KV layout or the numerics that fill it change: old files become stale.
+ENGINE_KV_VERSION = "edgevlm-kv-1"
+MAX_HEADER = 1 << 20
+_HASH = 32
+
+
+class PrefixCacheError(ValueError):
+    """A cache file that cannot be used (missing, stale, corrupt); the message says why."""
+
+
+def _file_identity(path: Path) -> bytes:
+    """Size plus hashes of the first and last MiB: a cheap identity of a large model file."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read(1 << 20))
+    return h.digest()
+
+
+def cache_key(model_path: Path, token_ids: Sequence[int]) -> str:
+    h = hashlib.sha256(_file_identity(model_path))
+    h.update(ENGINE_KV_VERSION.encode())
+    h.update(np.asarray(token_ids, dtype="<i4").tobytes())
+    return h.hexdigest()
+
+
+def cache_path(cache_dir: str | os.PathLike[str], key: str) -> Path:
+    return Path(cache_dir) / f"prefix-{key[:32]}.evkv"
+
+
+def save(path: Path, key: str, token_ids: Sequence[int], snapshot: Any) -> None:
+    """Writes atomically (temporary file, then rename) so a crash never leaves half a file."""
+    k, v = snapshot.arrays()
+    header = json.dumps({
+        "version": FORMAT_VERSION, "key": key, "n_layer": int(k.shape[0]), "n_past": int(k.shape[1]),
+        "kv_dim": int(k.shape[2]), "token_ids": [int(t) for t in token_ids],
+    }).encode()
+    h = hashlib.sha256()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for chunk in (MAGIC, struct.pack("<I", len(header)), header,
+                      k.astype("<f4", copy=False).tobytes(), v.astype("<f4", copy=False).tobytes()):
+            h.update(chunk)
+            f.write(chunk)
+        f.write(h.digest())
+    os.replace(tmp, path)
+
+
+def load(path: Path, key: str) -> tuple[list[int], Any]:
+    """(token_ids, KVSnapshot) from a cache file, or PrefixCacheError saying why not."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise PrefixCacheError(f"no cache file ({exc.strerror})") from None
+    if size < len(MAGIC) + 4 + _HASH:
+        raise PrefixCacheError(f"{path.name}: truncated ({size} bytes)")
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + 4)
+        if head[: len(MAGIC)] != MAGIC:
+            raise PrefixCacheError(f"{path.name}: not a prefix-cache file (bad magic)")
+        (hlen,) = struct.unpack("<I", head[len(MAGIC):])
+        if hlen > MAX_HEADER or len(head) + hlen + _HASH > size:
+            raise PrefixCacheError(f"{path.name}: header length {hlen} does not fit the file")
+        raw_header = f.read(hlen)
+        try:
+            header = json.loads(raw_header)
+            n_layer, n_past, kv_dim = (int(header[k]) for k in ("n_layer", "n_past", "kv_dim"))
+            version, file_key, token_ids = header["version"], header["key"], [int(t) for t in header["token_ids"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PrefixCacheError(f"{path.name}: unreadable header ({exc})") from None
+        if version != FORMAT_VERSION:
+            raise PrefixCacheError(f"{path.name}: format version {version}, expected {FORMAT_VERSION}")
+        if file_key != key:
+            raise PrefixCacheError(f"{path.name}: stale (made for another model, prompt or engine version)")
+        if min(n_layer, n_past, kv_dim) < 0 or len(token_ids) != n_past:
+            raise PrefixCacheError(f"{path.name}: inconsistent header")
+        n_floats = n_layer * n_past * kv_dim
+        if len(head) + hlen + 8 * n_floats + _HASH != size:
+            raise PrefixCacheError(f"{path.name}: size {size} does not match its header")
+        body = f.read(8 * n_floats)
+        digest = f.read(_HASH)
+    if hashlib.sha256(head + raw_header + body).digest() != digest:
+        raise PrefixCacheError(f"{path.name}: checksum mismatch (corrupt)")
+    kv = np.frombuffer(body, dtype="<f4").reshape(2, n_layer, n_past, kv_dim)
+    return token_ids, _engine.KVSnapshot.from_arrays(kv[0], kv[1])

@@ -1,0 +1,153 @@
+"""A vision-language model: an mmproj (SigLIP tower + idefics3 connector) beside a text GGUF.
+
+One frame's way: preprocess (tiles, normalize) -> vision tower -> image embeddings placed at the
+`<image>` positions of the prompt -> restore the fixed-prefix KV cache, prefill the rest ->
+greedy decode. Every stage is timed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from . import _engine
+from .chat_template import render_chat
+from .paths import resolve_model
+from .preprocess import IMAGE_TOKEN, PreprocessConfig, preprocess
+from .text_model import GenerationResult, PrefixState, TextModel
+
+DEFAULT_PROMPT = "Describe what you see."
+DEFAULT_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
+
+
+class VisionLanguageModel:
+    """Load with load_vlm(). Not thread-safe: one describe() at a time."""
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
+                 threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
+                 prefix_cache_dir: str | os.PathLike[str] | None = None, longest_edge: int | None = None,
+                 n_ctx: int = 4096) -> None:
+        self.text = TextModel(model, threads=threads, n_ctx=n_ctx)
+        self.mmproj_path = resolve_model(mmproj, default=DEFAULT_MMPROJ)
+        self.mmproj_file = _engine.GGUFFile(str(self.mmproj_path))
+        self.mmproj_metadata: dict[str, Any] = self.mmproj_file.metadata()
+        self.vision = _engine.ClipVisionModel(self.mmproj_file, threads=self.text.native.threads)
+        vcfg = self.vision.config
+        if vcfg["proj_dim"] != self.text.config["n_embd"]:
+            raise ValueError(
+                f"'{self.mmproj_path.name}' projects to width {vcfg['proj_dim']} but '{self.text.path.name}' has "
+                f"width {self.text.config['n_embd']}: the model and mmproj files do not belong together"
+            )
+        image_id = self.text.tokenizer.token_to_id(IMAGE_TOKEN)
+        if image_id is None:
+            raise ValueError(
+                f"'{self.text.path.name}' has no {IMAGE_TOKEN} token: it is not a vision-language text model"
+            )
+        self.image_token_id: int = image_id
+        self.preprocess_config = PreprocessConfig.from_mmproj_metadata(self.mmproj_metadata, image_mode, longest_edge)
+        if self.preprocess_config.image_seq_len != vcfg["tokens_per_tile"]:
+            raise ValueError(f"mmproj gives {vcfg['tokens_per_tile']} tokens per tile, its metadata implies "
+                             f"{self.preprocess_config.image_seq_len}")
+        self.system_prompt = system_prompt
+        # The fixed prefix is everything before the image: it depends on the system prompt only,
+        # because the image comes first in the user turn.
+        self.prefix_text = self._render(DEFAULT_PROMPT).split(IMAGE_TOKEN, 1)[0]
+        prefix_ids = self.text.tokenizer.encode(self.prefix_text, add_bos=False)
+        self.prefix: PrefixState
+        self.prefix, self.prefix_cache_status = self.text.cached_prefix(prefix_ids, prefix_cache_dir)
+
+    def _render(self, prompt: str) -> str:
+        """The chat prompt with one `<image>` placeholder before the user's text."""
+        messages: list[dict[str, Any]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": [{"type": "text", "text": self.system_prompt}]})
+        messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]})
+        tok = self.text.tokenizer
+        bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.id_to_token(tok.eos_id) if tok.eos_id is not None else ""
+        text = render_chat(self.text.chat_template, messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+        if IMAGE_TOKEN not in text:
+            # A text-only template that ignores content parts: put the image in the text.
+            for m in messages:
+                m["content"] = "".join(p.get("text", IMAGE_TOKEN) for p in m["content"])
+            text = render_chat(self.text.chat_template, messages, add_generation_prompt=True,
+                               bos_token=bos, eos_token=eos)
+        if text.count(IMAGE_TOKEN) != 1:
+            raise ValueError("the chat template must place exactly one image in the prompt")
+        return text
+
+    def prompt_ids(self, prompt: str, rows: int, cols: int) -> tuple[list[int], list[int]]:
+        """(prefix ids, the rest) for a prompt whose image expands to a rows x cols grid."""
+        from .preprocess import expand_image_prompt
+
+        before, after = self._render(prompt).split(IMAGE_TOKEN, 1)
+        tok = self.text.tokenizer
+        rest = tok.encode(expand_image_prompt(rows, cols, self.preprocess_config.image_seq_len) + after, add_bos=False)
+        if before == self.prefix_text:
+            return list(self.prefix.token_ids), rest
+        return tok.encode(before, add_bos=False), rest
+
+    def describe(self, rgb: np.ndarray, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 64,
+                 deadline_ms: float | None = None) -> GenerationResult:
+        """Greedy description of one RGB uint8 image (H, W, 3)."""
+        if max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        t0 = time.perf_counter()
+        image = preprocess(rgb, self.preprocess_config)
+        t1 = time.perf_counter()
+        features = self.vision.encode(image.pixel_values)
+        t2 = time.perf_counter()
+
+        prefix_ids, rest_ids = self.prompt_ids(prompt, image.rows, image.cols)
+        x = self.text.native.embed(np.asarray(rest_ids, dtype=np.int32))
+        slots = np.flatnonzero(np.asarray(rest_ids) == self.image_token_id)
+        if len(slots) != len(features):
+            raise ValueError(f"prompt has {len(slots)} image tokens for {len(features)} image embeddings")
+        x[slots] = features
+        native = self.text.native
+        cached = 0
+        if tuple(prefix_ids) == self.prefix.token_ids and prefix_ids:
+            native.restore(self.prefix.snapshot)
+            cached = len(prefix_ids)
+        else:
+            native.reset()
+            if prefix_ids:
+                native.forward(np.asarray(prefix_ids, dtype=np.int32))
+        native.forward_embeddings(x)
+        t3 = time.perf_counter()
+        budget = 0.0
+        if deadline_ms is not None and deadline_ms > 0:
+            budget = max(deadline_ms - (t3 - t0) * 1e3, 1e-6)  # the deadline covers the whole frame
+        r = native.generate(np.zeros(0, dtype=np.int32), max_new_tokens, self.text.stop_ids, budget)
+        t4 = time.perf_counter()
+        text = self.text.tokenizer.decode(r["tokens"], skip_special=True)
+        t5 = time.perf_counter()
+        n_gen = len(r["tokens"])
+        steps = max(n_gen - 1, 0)
+        decode_ms = (t4 - t3) * 1e3
+        timings = {
+            "preprocess": (t1 - t0) * 1e3,
+            "vision": (t2 - t1) * 1e3,
+            "prefill": (t3 - t2) * 1e3,
+            "decode": decode_ms,
+            "detokenize": (t5 - t4) * 1e3,
+            "total": (t5 - t0) * 1e3,
+        }
+        tps = steps / (r["decode_ms"] / 1e3) if steps and r["decode_ms"] > 0 else 0.0
+        result = GenerationResult(text, list(r["tokens"]), list(prefix_ids) + rest_ids, timings, r["stop_reason"],
+                                  tps, cached)
+        result.extra = {"n_image_tokens": image.n_image_tokens, "tiles": image.n_tiles,
+                        "grid": [image.rows, image.cols]}
+        return result
+
+
+def load_vlm(model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
+             threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
+             prefix_cache_dir: str | os.PathLike[str] | None = None,
+             longest_edge: int | None = None) -> VisionLanguageModel:
+    """Loads a text GGUF and its mmproj; refuses pairs that do not fit together."""
+    return VisionLanguageModel(model, mmproj, threads=threads, image_mode=image_mode, system_prompt=system_prompt,
+                               prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge)
