@@ -24,11 +24,18 @@ if os.environ.get("EDGEVLM_SANITIZE"):
     cflags = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-Wall", "-Wextra"]
     ldflags = ["-fsanitize=address,undefined"]
 
+# kernels/optable.tsv is the engine's default operator table, compiled in as one string
+# (rules separated by ';'); a tuned table written by `edgevlm tune` replaces it at run time.
+with open("kernels/optable.tsv", encoding="utf-8") as f:
+    rules = [line.split("#", 1)[0].strip() for line in f]
+optable = ";".join(" ".join(r.split()) for r in rules if r)
+
 ext = Pybind11Extension(
     f"{PACKAGE}._engine",
     sources,
     include_dirs=["native", "kernels"],
-    depends=headers,
+    depends=headers + ["kernels/optable.tsv"],
+    define_macros=[("EVK_DEFAULT_OPTABLE", f'"{optable}"')],
     cxx_std=17,
     extra_compile_args=cflags,
     extra_link_args=ldflags,

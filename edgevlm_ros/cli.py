@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,6 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=_positive_int, default=None, help="threads (default: cores, at most 8)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as it is: no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
+    desc = sub.add_parser("describe", help="describe an image (JPEG, PNG, ...) with a text GGUF + mmproj pair")
+    desc.add_argument("image", help="image file")
+    desc.add_argument("--model", help="text GGUF of the VLM")
+    desc.add_argument("--mmproj", help="vision GGUF (mmproj) of the VLM")
+    desc.add_argument("--prompt", default=None, help="the question about the image")
+    desc.add_argument("--system", help="system prompt (its KV cache is reused, see --prefix-cache-dir)")
+    desc.add_argument("--max-tokens", type=_non_negative_int, default=64, help="most tokens to generate (64)")
+    desc.add_argument("--threads", type=_positive_int, default=None, help="threads (default: cores, at most 8)")
+    desc.add_argument("--image-mode", choices=["tiled", "single"], default="single",
+                      help="single: one encoder tile, constant latency (default); tiled: SmolVLM's tiles + global view")
+    desc.add_argument("--longest-edge", type=_positive_int, default=None,
+                      help="tiled mode: resize the longest edge to this first (default: the mmproj's)")
+    desc.add_argument("--prefix-cache-dir", default=None, help="directory for the system prompt's KV cache file")
+    desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
+    conv = sub.add_parser("convert", help="convert a Hugging Face SmolVLM / Idefics3 checkpoint to GGUF")
+    from .convert import add_convert_arguments
+
+    add_convert_arguments(conv)
     return parser
 
 
@@ -70,9 +90,40 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_rgb(path: str) -> Any:
+    import cv2
+
+    bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"cannot read image '{path}' (missing, unreadable or not an image)")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from .vlm import DEFAULT_PROMPT, load_vlm
+
+    rgb = _read_rgb(args.image)
+    vlm = load_vlm(args.model, args.mmproj, threads=args.threads, image_mode=args.image_mode,
+                   system_prompt=args.system, prefix_cache_dir=args.prefix_cache_dir, longest_edge=args.longest_edge)
+    result = vlm.describe(rgb, prompt=args.prompt or DEFAULT_PROMPT, max_new_tokens=args.max_tokens)
+    if args.json:
+        print(json.dumps(result.as_dict(), ensure_ascii=False))
+    else:
+        print(result.text)
+        stages = ", ".join(f"{k} {v:.0f} ms" for k, v in result.timings_ms.items())
+        print(f"[{result.extra['tiles']} tile(s), {len(result.token_ids)} tokens, {stages}]", file=sys.stderr)
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .convert import run_convert
+
+    return run_convert(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"generate": _generate}
+    handlers = {"generate": _generate, "describe": _describe, "convert": _convert}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError, RuntimeError) as exc:

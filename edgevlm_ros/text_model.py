@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -11,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine, prefix_cache
+from . import _engine, optable, prefix_cache
 from .chat_template import render_chat
 from .paths import default_threads, resolve_model
 from .tokenizer import Tokenizer
+
+log = logging.getLogger("edgevlm")
 
 
 @dataclass
@@ -56,12 +59,15 @@ class TextModel:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, threads: int | None = None,
                  n_ctx: int = 2048, n_batch: int = 64) -> None:
+        optable.ensure_active()
         self.path: Path = resolve_model(path)
         self.file = _engine.GGUFFile(str(self.path))
         self.metadata: dict[str, Any] = self.file.metadata()
         self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
         self.native = _engine.LlamaModel(self.file, threads=threads or default_threads(), n_ctx=n_ctx, n_batch=n_batch)
         self.config: dict[str, Any] = self.native.config
+        log.info("%s: kernels %s (operator table: %s)", self.path.name, self.native.variants(),
+                 _engine.optable_source())
         if self.tokenizer.vocab_size > self.config["n_vocab"]:
             raise ValueError(
                 f"bad GGUF file '{self.path}': tokenizer has {self.tokenizer.vocab_size} tokens "

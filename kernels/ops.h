@@ -4,13 +4,16 @@
 // allocate: any scratch they need is handed to them.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "formats/formats.h"
 
 namespace evk {
 
 // y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m).
-// W rows are k elements of wtype, w_row_bytes apart. scratch holds at least k floats.
+// W rows are k elements of wtype, w_row_bytes apart. scratch holds at least kMatmulScratchRows * k
+// floats, private to the calling thread.
 struct MatmulArgs {
     const void* w;
     DType wtype;
@@ -25,6 +28,7 @@ struct MatmulArgs {
     float* scratch;
 };
 using MatmulFn = void (*)(const MatmulArgs&);
+constexpr int64_t kMatmulScratchRows = 4;
 
 // Causal attention of one query row against cached keys/values of one kv head.
 // out[d] = sum_j softmax_j(scale * q.k_j) v_j for j in [0, n_kv); scores holds n_kv floats.
@@ -41,9 +45,14 @@ struct AttentionArgs {
 };
 using AttentionFn = void (*)(const AttentionArgs&);
 
+// Phases of a matrix product: decode (a few tokens: weights streamed once, bandwidth-bound) and
+// prefill (many tokens: weights reused across tokens, compute-bound).
+enum Phase { kDecode = 0, kPrefill = 1 };
+constexpr int64_t kDecodeMaxTokens = 3;  // m <= this uses the decode kernel
+
+// Element-wise operators and attention, chosen once per process. Matrix products are chosen per
+// weight (format, phase, shape) by choose_matmul().
 struct OpTable {
-    MatmulFn matmul[31];  // indexed by ggml type id; nullptr where there is no kernel
-    const char* matmul_variant[31];
     AttentionFn attention;
     const char* attention_variant;
     void (*rmsnorm)(const float* x, const float* w, float* y, int64_t n, float eps);
@@ -66,6 +75,21 @@ CpuFeatures detect_cpu_features();
 // The reference table (scalar, the ground truth) and the best table for this CPU.
 const OpTable& reference_ops();
 const OpTable& best_ops();
+
+struct MatmulChoice { MatmulFn fn; const char* name; };
+struct AttentionChoice { AttentionFn fn; const char* name; };
+// The variant the active operator table picks (the first matching rule that runs on this CPU).
+MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k);
+AttentionChoice choose_attention();
+// Replaces the active rules (the text of an optable.tsv); throws std::invalid_argument on a bad
+// table, leaving the active one unchanged. Models loaded afterwards use the new rules.
+void load_optable(const std::string& text, const std::string& source);
+std::string optable_source();
+
+struct VariantInfo { std::string op, name; std::vector<std::string> formats; bool available; };
+std::vector<VariantInfo> list_variants();
+MatmulFn matmul_variant(const std::string& name);     // nullptr if unknown or not runnable here
+AttentionFn attention_variant(const std::string& name);
 
 // Scalar reference kernels, exported so tests and faster variants can compare against them.
 void matmul_ref(const MatmulArgs& a);

@@ -6,6 +6,10 @@
 
 #include <cstring>
 
+#ifndef EVK_DEFAULT_OPTABLE
+#define EVK_DEFAULT_OPTABLE ""
+#endif
+
 #include "gguf.h"
 #include "models/clip_vision.h"
 #include "models/llama.h"
@@ -69,12 +73,6 @@ py::array_t<int32_t> as_ids(const py::array_t<int32_t, py::array::c_style | py::
     return a;
 }
 
-const evk::OpTable& table_named(const std::string& name) {
-    if (name == "ref") return evk::reference_ops();
-    if (name == "best") return evk::best_ops();
-    throw py::value_error("table must be 'ref' or 'best'");
-}
-
 evk::DType dtype_named(const std::string& name) {
     for (uint32_t id = 0; id < 64; ++id) {
         const evk::TypeTraits* t = evk::type_traits(id);
@@ -99,37 +97,63 @@ PYBIND11_MODULE(_engine, m) {
 
 
     // Kernel-level entry points for the tests: one operator of a named table on numpy inputs.
-    m.def("kernel_matmul", [](const std::string& table, const std::string& wtype,
+    // Kernel-level entry points for tests and `edgevlm tune`: one matmul by a named variant
+    // ('ref', 'best' = what the operator table picks for this shape and m, or any variant name).
+    m.def("kernel_matmul", [](const std::string& variant, const std::string& wtype,
                               py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w, int64_t rows, int64_t cols,
                               py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {
         const evk::DType t = dtype_named(wtype);
         const evk::TypeTraits* tt = evk::type_traits(t);
-        const evk::OpTable& ops = table_named(table);
-        const evk::MatmulFn fn = ops.matmul[static_cast<uint32_t>(t)];
-        if (!fn || !tt->computable) throw py::value_error("no matmul kernel for " + wtype);
+        if (!tt->computable) throw py::value_error("no matmul kernel for " + wtype);
         const size_t rb = evk::row_bytes(t, cols);
         if (rows < 1 || cols < 1 || rb == 0) throw py::value_error("cols must be a positive multiple of the block size");
         if (static_cast<size_t>(w.size()) != rb * static_cast<size_t>(rows)) throw py::value_error("weight bytes do not match rows x cols");
         if (x.ndim() != 2 || x.shape(1) != cols) throw py::value_error("x must have shape (m, cols)");
         if (threads < 1 || threads > 64) throw py::value_error("threads must be in 1..64");
+        Weight wt = make_weight(t, w.data(), rows, cols);
+        if (variant != "best") {
+            const evk::MatmulFn fn = evk::matmul_variant(variant);
+            bool ok = false;
+            for (const evk::VariantInfo& v : evk::list_variants())
+                if (v.op == "matmul" && v.name == variant)
+                    for (const std::string& f : v.formats) ok = ok || f == wtype;
+            if (!fn || !ok) throw py::value_error("matmul variant '" + variant + "' does not run " + wtype + " here");
+            wt.decode = wt.prefill = {fn, ""};
+        }
         const int64_t mm = x.shape(0);
         py::array_t<float> y({mm, rows});
-        Weight wt{t, w.data(), rows, cols, rb};
         float* yp = y.mutable_data();
         const float* xp = x.data();
         {
             py::gil_scoped_release nogil;
             Compute c(threads, cols);
-            if (&ops == &evk::best_ops()) {
-                c.matmul(wt, xp, cols, mm, yp, rows);
-            } else {
-                std::vector<float> scratch(static_cast<size_t>(cols));
-                evk::MatmulArgs a{wt.data, t, rb, cols, 0, rows, xp, cols, yp, rows, mm, scratch.data()};
-                fn(a);
-            }
+            c.matmul(wt, xp, cols, mm, yp, rows);
         }
         return y;
-    }, py::arg("table"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1);
+    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1);
+
+    m.def("load_optable", [](const std::string& text, const std::string& source) {
+        try {
+            evk::load_optable(text, source);
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(source + ": " + e.what());
+        }
+    }, py::arg("text"), py::arg("source"), "Replaces the operator table rules; models loaded afterwards use them.");
+    m.def("optable_source", &evk::optable_source);
+    m.def("builtin_optable", [] { return std::string(EVK_DEFAULT_OPTABLE); }, "The compiled-in rules (kernels/optable.tsv).");
+    m.def("list_variants", [] {
+        py::list l;
+        for (const evk::VariantInfo& v : evk::list_variants()) {
+            py::dict d;
+            d["op"] = v.op; d["name"] = v.name; d["formats"] = v.formats; d["available"] = v.available;
+            l.append(d);
+        }
+        return l;
+    });
+    m.def("choose_matmul", [](const std::string& wtype, const std::string& phase, int64_t rows, int64_t k) {
+        if (phase != "decode" && phase != "prefill") throw py::value_error("phase must be decode or prefill");
+        return std::string(evk::choose_matmul(dtype_named(wtype), phase == "decode" ? evk::kDecode : evk::kPrefill, rows, k).name);
+    }, "The variant the active operator table picks.");
 
     m.def("kernel_attention", [](const std::string& table, py::array_t<float, py::array::c_style | py::array::forcecast> q,
                                  py::array_t<float, py::array::c_style | py::array::forcecast> k,
@@ -141,7 +165,10 @@ PYBIND11_MODULE(_engine, m) {
         py::array_t<float> out(d);
         std::vector<float> scores(static_cast<size_t>(n));
         evk::AttentionArgs a{q.data(), k.data(), v.data(), d, d, n, d, scale, out.mutable_data(), scores.data()};
-        table_named(table).attention(a);
+        const evk::AttentionFn fn = table == "ref" ? evk::reference_ops().attention
+                                  : table == "best" ? evk::best_ops().attention : evk::attention_variant(table);
+        if (!fn) throw py::value_error("attention variant '" + table + "' does not run here");
+        fn(a);
         return out;
     });
 
@@ -178,12 +205,12 @@ PYBIND11_MODULE(_engine, m) {
 
     m.def("kernel_variants", [] {
         py::dict d;
-        const evk::OpTable& b = evk::best_ops();
         for (const char* name : {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}) {
-            const uint32_t id = static_cast<uint32_t>(dtype_named(name));
-            d[py::str(std::string("matmul/") + name)] = b.matmul_variant[id];
+            const evk::DType t = dtype_named(name);
+            d[py::str(std::string("matmul/") + name + "/decode")] = evk::choose_matmul(t, evk::kDecode, 1024, 1024).name;
+            d[py::str(std::string("matmul/") + name + "/prefill")] = evk::choose_matmul(t, evk::kPrefill, 1024, 1024).name;
         }
-        d["attention"] = b.attention_variant;
+        d["attention"] = evk::best_ops().attention_variant;
         return d;
     });
 
@@ -257,7 +284,7 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("n_ctx", &LlamaModel::n_ctx)
         .def_property_readonly("n_past", &LlamaModel::n_past)
         .def_property_readonly("threads", &LlamaModel::threads)
-        .def("variants", &LlamaModel::variants)
+        .def("variants", &LlamaModel::variants, "Which kernel variant serves each operator.")
         .def("reset", &LlamaModel::reset)
         .def("forward", [](LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids, bool all_logits) {
             ids = as_ids(ids);
@@ -335,6 +362,7 @@ PYBIND11_MODULE(_engine, m) {
             d["tokens_per_tile"] = c.n_out(); d["ffn_swapped"] = mdl.ffn_swapped();
             return d;
         })
+        .def("variants", &ClipVisionModel::variants, "Which kernel variant serves each operator.")
         .def("encode", [](ClipVisionModel& mdl, py::array_t<float, py::array::c_style | py::array::forcecast> pixels) {
             const ClipVisionConfig& c = mdl.config();
             if (pixels.ndim() != 4 || pixels.shape(1) != 3 || pixels.shape(2) != c.image_size || pixels.shape(3) != c.image_size)

@@ -18,14 +18,19 @@ Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int
                                             std::to_string(rows) + "]");
     }
     const evk::TypeTraits* tt = evk::type_traits(t->type);
-    if (!tt->computable || !evk::best_ops().matmul[static_cast<uint32_t>(t->type)])
-        f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
+    if (!tt->computable) f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
+    return make_weight(t->type, t->data, rows, cols);
+}
+
+Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols) {
     Weight w;
-    w.type = t->type;
-    w.data = t->data;
+    w.type = type;
+    w.data = data;
     w.rows = rows;
     w.cols = cols;
-    w.row_bytes = evk::row_bytes(t->type, cols);
+    w.row_bytes = evk::row_bytes(type, cols);
+    w.decode = evk::choose_matmul(type, evk::kDecode, rows, cols);
+    w.prefill = evk::choose_matmul(type, evk::kPrefill, rows, cols);
     return w;
 }
 
@@ -43,10 +48,10 @@ std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64
 
 Compute::Compute(int n_threads, int64_t max_k)
     : pool_(n_threads), ops_(&evk::best_ops()), max_k_(max_k),
-      scratch_(static_cast<size_t>(pool_.size()) * static_cast<size_t>(max_k)) {}
+      scratch_(static_cast<size_t>(pool_.size()) * static_cast<size_t>(evk::kMatmulScratchRows * max_k)) {}
 
 void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride) {
-    const evk::MatmulFn fn = ops_->matmul[static_cast<uint32_t>(w.type)];
+    const evk::MatmulFn fn = m <= evk::kDecodeMaxTokens ? w.decode.fn : w.prefill.fn;
     // Chunks of rows: enough of them that a descheduled thread's share is picked up by another.
     const int64_t rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
     const int64_t row_chunks = (w.rows + rows_per_chunk - 1) / rows_per_chunk;

@@ -13,12 +13,17 @@
 namespace evn {
 
 // A 2-D weight viewed in place in the mapped file: `rows` rows of `cols` elements.
+// The kernels that serve it are chosen once, at load, from the operator table.
 struct Weight {
     evk::DType type = evk::DType::F32;
     const void* data = nullptr;
     int64_t rows = 0, cols = 0;
     size_t row_bytes = 0;
+    evk::MatmulChoice decode{nullptr, ""}, prefill{nullptr, ""};
 };
+
+// A Weight view of raw memory, with its kernels chosen from the operator table.
+Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols);
 
 // Looks up a 2-D tensor of the expected shape (cols = ne[0]) and a type with kernels.
 Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows);
@@ -36,8 +41,10 @@ public:
     void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride);
     void matmul(const Weight& w, const float* x, int64_t m, float* y) { matmul(w, x, w.cols, m, y, w.rows); }
 
-    // Scratch of at least max_k floats reserved for thread t.
-    float* scratch(int t) { return scratch_.data() + static_cast<size_t>(t) * static_cast<size_t>(max_k_); }
+    // Scratch of kMatmulScratchRows * max_k floats reserved for thread t.
+    float* scratch(int t) {
+        return scratch_.data() + static_cast<size_t>(t) * static_cast<size_t>(evk::kMatmulScratchRows * max_k_);
+    }
 
 private:
     ThreadPool pool_;

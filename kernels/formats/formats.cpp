@@ -102,43 +102,46 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
         std::memcpy(dst, src, static_cast<size_t>(n) * 4);
         return;
     case DType::F16: {
-        const uint16_t* s = static_cast<const uint16_t*>(src);
-        for (int64_t i = 0; i < n; ++i) dst[i] = h2f[s[i]];
+        const uint8_t* s = static_cast<const uint8_t*>(src);
+        for (int64_t i = 0; i < n; ++i) dst[i] = h2f[load_u16(s + 2 * i)];
         return;
     }
     case DType::BF16: {
-        const uint16_t* s = static_cast<const uint16_t*>(src);
-        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(s[i]);
+        const uint8_t* s = static_cast<const uint8_t*>(src);
+        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(s + 2 * i));
         return;
     }
     case DType::Q4_0: {
-        const BlockQ4_0* b = static_cast<const BlockQ4_0*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK) {
-            const float d = h2f[b[ib].d];
+        const uint8_t* blk = static_cast<const uint8_t*>(src);
+        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ4_0)) {
+            const float d = h2f[load_u16(blk + offsetof(BlockQ4_0, d))];
+            const uint8_t* qs = blk + offsetof(BlockQ4_0, qs);
             for (int j = 0; j < kQK / 2; ++j) {
-                dst[j] = d * static_cast<float>((b[ib].qs[j] & 0x0f) - 8);
-                dst[j + kQK / 2] = d * static_cast<float>((b[ib].qs[j] >> 4) - 8);
+                dst[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
+                dst[j + kQK / 2] = d * static_cast<float>((qs[j] >> 4) - 8);
             }
         }
         return;
     }
     case DType::Q4_1: {
-        const BlockQ4_1* b = static_cast<const BlockQ4_1*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK) {
-            const float d = h2f[b[ib].d];
-            const float m = h2f[b[ib].m];
+        const uint8_t* blk = static_cast<const uint8_t*>(src);
+        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ4_1)) {
+            const float d = h2f[load_u16(blk + offsetof(BlockQ4_1, d))];
+            const float m = h2f[load_u16(blk + offsetof(BlockQ4_1, m))];
+            const uint8_t* qs = blk + offsetof(BlockQ4_1, qs);
             for (int j = 0; j < kQK / 2; ++j) {
-                dst[j] = d * static_cast<float>(b[ib].qs[j] & 0x0f) + m;
-                dst[j + kQK / 2] = d * static_cast<float>(b[ib].qs[j] >> 4) + m;
+                dst[j] = d * static_cast<float>(qs[j] & 0x0f) + m;
+                dst[j + kQK / 2] = d * static_cast<float>(qs[j] >> 4) + m;
             }
         }
         return;
     }
     case DType::Q8_0: {
-        const BlockQ8_0* b = static_cast<const BlockQ8_0*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK) {
-            const float d = h2f[b[ib].d];
-            for (int j = 0; j < kQK; ++j) dst[j] = d * static_cast<float>(b[ib].qs[j]);
+        const uint8_t* blk = static_cast<const uint8_t*>(src);
+        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ8_0)) {
+            const float d = h2f[load_u16(blk + offsetof(BlockQ8_0, d))];
+            const int8_t* qs = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ8_0, qs));
+            for (int j = 0; j < kQK; ++j) dst[j] = d * static_cast<float>(qs[j]);
         }
         return;
     }

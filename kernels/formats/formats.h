@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace evk {
 
@@ -33,6 +34,15 @@ static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 layout");
 static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 layout");
 static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 layout");
 // In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high one.
+
+// Tensor data is read in place from the mapped file, and a valid GGUF file may align it to as little
+// as 1 byte (general.alignment = 1): every 16-bit and 32-bit field of a weight row is loaded
+// through these (one plain load after optimization), never through a typed pointer or block struct.
+inline uint16_t load_u16(const void* p) {
+    uint16_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
 
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);  // round to nearest even

@@ -53,44 +53,45 @@ EV_AVX2 inline void nibbles_to_floats(const uint8_t* qs, __m256 d, __m256 bias, 
 EV_AVX2 void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n) {
     switch (t) {
     case DType::F16: {
-        const uint16_t* s = static_cast<const uint16_t*>(src);
+        const uint8_t* s = static_cast<const uint8_t*>(src);  // 2 bytes per element, any alignment
         int64_t i = 0;
         for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-        for (; i < n; ++i) dst[i] = half_to_float(s[i]);
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i))));
+        for (; i < n; ++i) dst[i] = half_to_float(load_u16(s + 2 * i));
         return;
     }
     case DType::BF16: {
-        const uint16_t* s = static_cast<const uint16_t*>(src);
+        const uint8_t* s = static_cast<const uint8_t*>(src);  // 2 bytes per element, any alignment
         int64_t i = 0;
         for (; i + 8 <= n; i += 8) {
-            const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+            const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i)));
             _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
         }
-        for (; i < n; ++i) dst[i] = bf16_to_fp32(s[i]);
+        for (; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(s + 2 * i));
         return;
     }
     case DType::Q4_0: {
-        const BlockQ4_0* b = static_cast<const BlockQ4_0*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib) {
-            const __m256 d = _mm256_set1_ps(half_to_float(b[ib].d));
-            nibbles_to_floats(b[ib].qs, d, _mm256_mul_ps(d, _mm256_set1_ps(-8.f)), dst + ib * kQK);
+        const uint8_t* blk = static_cast<const uint8_t*>(src);
+        for (int64_t ib = 0; ib < n / kQK; ++ib, blk += sizeof(BlockQ4_0)) {
+            const __m256 d = _mm256_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_0, d))));
+            nibbles_to_floats(blk + offsetof(BlockQ4_0, qs), d, _mm256_mul_ps(d, _mm256_set1_ps(-8.f)), dst + ib * kQK);
         }
         return;
     }
     case DType::Q4_1: {
-        const BlockQ4_1* b = static_cast<const BlockQ4_1*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib)
-            nibbles_to_floats(b[ib].qs, _mm256_set1_ps(half_to_float(b[ib].d)), _mm256_set1_ps(half_to_float(b[ib].m)),
-                              dst + ib * kQK);
+        const uint8_t* blk = static_cast<const uint8_t*>(src);
+        for (int64_t ib = 0; ib < n / kQK; ++ib, blk += sizeof(BlockQ4_1))
+            nibbles_to_floats(blk + offsetof(BlockQ4_1, qs), _mm256_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_1, d)))),
+                              _mm256_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_1, m)))), dst + ib * kQK);
         return;
     }
     case DType::Q8_0: {
-        const BlockQ8_0* b = static_cast<const BlockQ8_0*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib) {
-            const __m256 d = _mm256_set1_ps(half_to_float(b[ib].d));
+        const uint8_t* blk = static_cast<const uint8_t*>(src);
+        for (int64_t ib = 0; ib < n / kQK; ++ib, blk += sizeof(BlockQ8_0)) {
+            const __m256 d = _mm256_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ8_0, d))));
+            const uint8_t* qs = blk + offsetof(BlockQ8_0, qs);
             for (int p = 0; p < 4; ++p) {
-                const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[ib].qs + 8 * p));
+                const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * p));
                 _mm256_storeu_ps(dst + ib * kQK + 8 * p, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
             }
         }
@@ -109,13 +110,83 @@ EV_AVX2 void matmul_avx2(const MatmulArgs& a) {
     for (int64_t r = a.row0; r < a.row1; ++r) {
         const void* row = base + static_cast<size_t>(r) * a.w_row_bytes;
         const float* wr;
-        if (a.wtype == DType::F32) {
-            wr = static_cast<const float*>(row);
+        if (a.wtype == DType::F32 && reinterpret_cast<uintptr_t>(row) % alignof(float) == 0) {
+            wr = static_cast<const float*>(row);  // in place; a misaligned row is copied to scratch below
         } else {
             dequantize_row_avx2(a.wtype, row, a.scratch, a.k);
             wr = a.scratch;
         }
         for (int64_t t = 0; t < a.m; ++t) a.y[t * a.y_stride + r] = dot_avx2(wr, a.x + t * a.x_stride, a.k);
+    }
+}
+
+// Register-tiled product for many tokens (prefill, vision): 4 weight rows are expanded to float
+// in scratch, then each group of 3 tokens is dotted with all 4 rows at once: 12 accumulators,
+// 4 + 3 loads per 12 FMAs, so the loop is bound by the FMA units, not by loads.
+// Per weight panel the 64-token activation block (<= 64 x 3072 floats) is re-read from L2.
+EV_AVX2 static void tile_4x3(const float* w, int64_t k, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                             int64_t r) {
+    const float* w0 = w;
+    const float* w1 = w + k;
+    const float* w2 = w + 2 * k;
+    const float* w3 = w + 3 * k;
+    const float* x0 = x;
+    const float* x1 = x + x_stride;
+    const float* x2 = x + 2 * x_stride;
+    __m256 acc[4][3];
+    for (auto& row : acc)
+        for (auto& v : row) v = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        const __m256 a0 = _mm256_loadu_ps(w0 + i), a1 = _mm256_loadu_ps(w1 + i);
+        const __m256 a2 = _mm256_loadu_ps(w2 + i), a3 = _mm256_loadu_ps(w3 + i);
+        __m256 b = _mm256_loadu_ps(x0 + i);
+        acc[0][0] = _mm256_fmadd_ps(a0, b, acc[0][0]);
+        acc[1][0] = _mm256_fmadd_ps(a1, b, acc[1][0]);
+        acc[2][0] = _mm256_fmadd_ps(a2, b, acc[2][0]);
+        acc[3][0] = _mm256_fmadd_ps(a3, b, acc[3][0]);
+        b = _mm256_loadu_ps(x1 + i);
+        acc[0][1] = _mm256_fmadd_ps(a0, b, acc[0][1]);
+        acc[1][1] = _mm256_fmadd_ps(a1, b, acc[1][1]);
+        acc[2][1] = _mm256_fmadd_ps(a2, b, acc[2][1]);
+        acc[3][1] = _mm256_fmadd_ps(a3, b, acc[3][1]);
+        b = _mm256_loadu_ps(x2 + i);
+        acc[0][2] = _mm256_fmadd_ps(a0, b, acc[0][2]);
+        acc[1][2] = _mm256_fmadd_ps(a1, b, acc[1][2]);
+        acc[2][2] = _mm256_fmadd_ps(a2, b, acc[2][2]);
+        acc[3][2] = _mm256_fmadd_ps(a3, b, acc[3][2]);
+    }
+    const float* ws[4] = {w0, w1, w2, w3};
+    const float* xs[3] = {x0, x1, x2};
+    for (int rr = 0; rr < 4; ++rr)
+        for (int tt = 0; tt < 3; ++tt) {
+            float s = hsum(acc[rr][tt]);
+            for (int64_t j = i; j < k; ++j) s += ws[rr][j] * xs[tt][j];
+            y[tt * y_stride + r + rr] = s;
+        }
+}
+
+EV_AVX2 void matmul_avx2_gemm(const MatmulArgs& a) {
+    const char* base = static_cast<const char*>(a.w);
+    for (int64_t r = a.row0; r < a.row1; r += 4) {
+        const int64_t nr = a.row1 - r < 4 ? a.row1 - r : 4;
+        const float* panel;
+        // In place only when the rows are float-aligned (general.alignment may be 1); else copied.
+        if (a.wtype == DType::F32 && a.w_row_bytes == static_cast<size_t>(a.k) * 4 &&
+            reinterpret_cast<uintptr_t>(base) % alignof(float) == 0) {
+            panel = reinterpret_cast<const float*>(base + static_cast<size_t>(r) * a.w_row_bytes);
+        } else {
+            for (int64_t i = 0; i < nr; ++i)
+                dequantize_row_avx2(a.wtype, base + static_cast<size_t>(r + i) * a.w_row_bytes, a.scratch + i * a.k, a.k);
+            panel = a.scratch;
+        }
+        int64_t t = 0;
+        if (nr == 4)
+            for (; t + 3 <= a.m; t += 3)
+                tile_4x3(panel, a.k, a.x + t * a.x_stride, a.x_stride, a.y + t * a.y_stride, a.y_stride, r);
+        for (; t < a.m; ++t)  // leftover tokens, or a panel of fewer than 4 rows
+            for (int64_t i = 0; i < nr; ++i)
+                a.y[t * a.y_stride + r + i] = dot_avx2(panel + i * a.k, a.x + t * a.x_stride, a.k);
     }
 }
 

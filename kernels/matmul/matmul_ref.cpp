@@ -1,5 +1,7 @@
 // Reference matrix product for every computable weight format: each weight row is
 // dequantized once into scratch, then dotted with every token of x. Plain loops, no ISA code.
+#include <cstdint>
+
 #include "../ops.h"
 
 namespace evk {
@@ -20,8 +22,8 @@ void matmul_ref(const MatmulArgs& a) {
     for (int64_t r = a.row0; r < a.row1; ++r) {
         const void* row = base + static_cast<size_t>(r) * a.w_row_bytes;
         const float* wr;
-        if (a.wtype == DType::F32) {
-            wr = static_cast<const float*>(row);
+        if (a.wtype == DType::F32 && reinterpret_cast<uintptr_t>(row) % alignof(float) == 0) {
+            wr = static_cast<const float*>(row);  // in place; a misaligned row is copied to scratch below
         } else {
             dequantize_row(a.wtype, row, a.scratch, a.k);
             wr = a.scratch;
