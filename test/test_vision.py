@@ -220,3 +220,121 @@ def test_mismatched_pair_is_refused(converted: dict, text_model_path: Path) -> N
         _vlm((text_model_path, converted["f16"][1]))
     with pytest.raises(ValueError, match="not an mmproj"):
         _vlm((converted["f16"][0], converted["f16"][0]))
+
+
+def _write_llamacpp_style_mmproj(hf_dir: Path, path: Path, *, swap_ffn: bool = False, drop: tuple[str, ...] = (),
+                                 projector: str = "idefics3", fc_rows: int | None = None) -> Path:
+    """An mmproj written with the `gguf` package the way llama.cpp's converter writes it: F16
+    matrices and patch kernel, F32 norms, biases and position embeddings. swap_ffn writes fc1 as
+    ffn_down and fc2 as ffn_up, as some published files do."""
+    import json
+
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    vc, tc = cfg["vision_config"], cfg["text_config"]
+    t = load_file(str(hf_dir / "model.safetensors"))
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_string("clip.projector_type", projector)
+    w.add_bool("clip.use_gelu", True)
+    for key, val in [("image_size", vc["image_size"]), ("patch_size", vc["patch_size"]),
+                     ("embedding_length", vc["hidden_size"]), ("feed_forward_length", vc["intermediate_size"]),
+                     ("block_count", vc["num_hidden_layers"]), ("attention.head_count", vc["num_attention_heads"]),
+                     ("projection_dim", tc["hidden_size"])]:
+        w.add_uint32(f"clip.vision.{key}", val)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", vc.get("layer_norm_eps", 1e-6))
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_uint32("clip.vision.projector.scale_factor", cfg["scale_factor"])
+    w.add_uint32("clip.vision.preproc_image_size", 2048)
+    v = "model.vision_model."
+    names = {"v.patch_embd.weight": v + "embeddings.patch_embedding.weight",
+             "v.patch_embd.bias": v + "embeddings.patch_embedding.bias",
+             "v.position_embd.weight": v + "embeddings.position_embedding.weight",
+             "v.post_ln.weight": v + "post_layernorm.weight", "v.post_ln.bias": v + "post_layernorm.bias",
+             "mm.model.fc.weight": "model.connector.modality_projection.proj.weight"}
+    up, down = ("ffn_down", "ffn_up") if swap_ffn else ("ffn_up", "ffn_down")
+    for i in range(vc["num_hidden_layers"]):
+        hf = f"{v}encoder.layers.{i}."
+        for ours, theirs in [("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"),
+                             ("attn_v", "self_attn.v_proj"), ("attn_out", "self_attn.out_proj"),
+                             ("ln1", "layer_norm1"), ("ln2", "layer_norm2"), (up, "mlp.fc1"), (down, "mlp.fc2")]:
+            for kind in ("weight", "bias"):
+                names[f"v.blk.{i}.{ours}.{kind}"] = hf + theirs + "." + kind
+    for name, src in names.items():
+        if name in drop:
+            continue
+        x = t[src].astype(np.float32)
+        if name == "mm.model.fc.weight" and fc_rows is not None:
+            x = x[:fc_rows]
+        f16 = x.ndim >= 2 and name != "v.position_embd.weight"
+        w.add_tensor(name, x.astype(np.float16) if f16 else x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("swap_ffn", [False, True])
+def test_llamacpp_style_mmproj_gives_the_same_embeddings(hf_dir: Path, hf: Any, converted: dict, tmp_path: Path,
+                                                         swap_ffn: bool) -> None:
+    from edgevlm_ros.preprocess import preprocess
+
+    theirs = _write_llamacpp_style_mmproj(hf_dir, tmp_path / "mmproj-llamacpp.gguf", swap_ffn=swap_ffn)
+    ours_vlm = _vlm(converted["f16"])
+    their_vlm = _vlm((converted["f16"][0], theirs))
+    assert their_vlm.vision.config["ffn_swapped"] is swap_ffn
+    pixels = preprocess(_image(300, 300, seed=4), ours_vlm.preprocess_config).pixel_values
+    a = ours_vlm.vision.encode(pixels)
+    b = their_vlm.vision.encode(pixels)
+    # Both hold F16 matrices; ours keeps the patch kernel in F32, llama.cpp's in F16.
+    assert _rel(b, a) <= 1e-3
+    assert _rel(b, _hf_features(hf, pixels)) <= EMBED_TOL["f16"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"drop": ("v.blk.1.attn_q.bias",)}, "tensor 'v.blk.1.attn_q.bias': missing"),
+        ({"fc_rows": 500}, "tensor 'mm.model.fc.weight': shape"),
+        ({"projector": "mlp"}, "clip.projector_type: 'mlp' is not supported"),
+    ],
+)
+def test_broken_mmproj_is_refused_at_load(hf_dir: Path, converted: dict, tmp_path: Path, kwargs: dict,
+                                          message: str) -> None:
+    path = _write_llamacpp_style_mmproj(hf_dir, tmp_path / "broken.gguf", **kwargs)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        _vlm((converted["f16"][0], path))
+
+
+def test_describe_cli_on_jpeg_and_png(converted: dict, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import cv2
+
+    rgb = _image(300, 400, seed=5)
+    root = Path(__file__).resolve().parents[1]
+    for ext in ("jpg", "png"):
+        path = tmp_path / f"frame.{ext}"
+        assert cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+        p = subprocess.run([sys.executable, "-m", "edgevlm_ros.cli", "describe", str(path), "--model",
+                            str(converted["f16"][0]), "--mmproj", str(converted["f16"][1]), "--max-tokens", "6",
+                            "--json"], capture_output=True, text=True, timeout=300, cwd=root,
+                           env=dict(os.environ, PYTHONPATH=str(root)))
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert len(out["token_ids"]) > 0
+        assert set(out["timings_ms"]) >= {"preprocess", "vision", "prefill", "decode", "total"}
+    bad = tmp_path / "not-an-image.jpg"
+    bad.write_bytes(b"\xff\xd8garbage")
+    p = subprocess.run([sys.executable, "-m", "edgevlm_ros.cli", "describe", str(bad), "--mmproj",
+                        str(converted["f16"][1])], capture_output=True, text=True, timeout=300, cwd=root,
+                       env=dict(os.environ, PYTHONPATH=str(root)))
+    assert p.returncode != 0 and "cannot read image" in p.stderr and "Traceback" not in p.stderr
