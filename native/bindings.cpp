@@ -127,7 +127,7 @@ PYBIND11_MODULE(_engine, m) {
         {
             py::gil_scoped_release nogil;
             Compute c(threads, cols);
-            c.matmul(wt, xp, cols, mm, yp, rows);
+            c.matmul(wt, xp, cols, mm, yp, rows, Compute::phase_for(mm));
         }
         return y;
     }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1);

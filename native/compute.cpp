@@ -50,8 +50,9 @@ Compute::Compute(int n_threads, int64_t max_k)
     : pool_(n_threads), ops_(&evk::best_ops()), max_k_(max_k),
       scratch_(static_cast<size_t>(pool_.size()) * static_cast<size_t>(evk::kMatmulScratchRows * max_k)) {}
 
-void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride) {
-    const evk::MatmulFn fn = m <= evk::kDecodeMaxTokens ? w.decode.fn : w.prefill.fn;
+void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
+                     evk::Phase phase) {
+    const evk::MatmulFn fn = phase == evk::kDecode ? w.decode.fn : w.prefill.fn;
     // Chunks of rows: enough of them that a descheduled thread's share is picked up by another.
     const int64_t rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
     const int64_t row_chunks = (w.rows + rows_per_chunk - 1) / rows_per_chunk;

@@ -38,8 +38,15 @@ public:
     ThreadPool& pool() { return pool_; }
 
     // y[t] = W x[t] for t in [0, m); x rows are x_stride floats apart, y rows y_stride.
-    void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride);
-    void matmul(const Weight& w, const float* x, int64_t m, float* y) { matmul(w, x, w.cols, m, y, w.rows); }
+    // The phase picks the kernel: a forward pass over many tokens is prefill for every one of its
+    // products (the output head over the last token included), so a token's numbers never depend
+    // on how a prompt was split into calls.
+    void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
+                evk::Phase phase);
+    void matmul(const Weight& w, const float* x, int64_t m, float* y, evk::Phase phase) {
+        matmul(w, x, w.cols, m, y, w.rows, phase);
+    }
+    static evk::Phase phase_for(int64_t n_tokens) { return n_tokens <= evk::kDecodeMaxTokens ? evk::kDecode : evk::kPrefill; }
 
     // Scratch of kMatmulScratchRows * max_k floats reserved for thread t.
     float* scratch(int t) {

@@ -166,6 +166,18 @@ EV_AVX2 static void tile_4x3(const float* w, int64_t k, const float* x, int64_t 
         }
 }
 
+// The same summation order as one accumulator of tile_4x3, so a token's result does not depend
+// on which group of 3 it fell in: prefilling a prompt in pieces (a restored prefix, then the
+// rest) gives bit-identical logits to prefilling it whole.
+EV_AVX2 static float dot_like_tile(const float* w, const float* x, int64_t k) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc);
+    float s = hsum(acc);
+    for (; i < k; ++i) s += w[i] * x[i];
+    return s;
+}
+
 EV_AVX2 void matmul_avx2_gemm(const MatmulArgs& a) {
     const char* base = static_cast<const char*>(a.w);
     for (int64_t r = a.row0; r < a.row1; r += 4) {
@@ -186,7 +198,7 @@ EV_AVX2 void matmul_avx2_gemm(const MatmulArgs& a) {
                 tile_4x3(panel, a.k, a.x + t * a.x_stride, a.x_stride, a.y + t * a.y_stride, a.y_stride, r);
         for (; t < a.m; ++t)  // leftover tokens, or a panel of fewer than 4 rows
             for (int64_t i = 0; i < nr; ++i)
-                a.y[t * a.y_stride + r + i] = dot_avx2(panel + i * a.k, a.x + t * a.x_stride, a.k);
+                a.y[t * a.y_stride + r + i] = dot_like_tile(panel + i * a.k, a.x + t * a.x_stride, a.k);
     }
 }
 

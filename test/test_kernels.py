@@ -1,0 +1,402 @@
+"""Kernels against their references: every matmul and attention variant that runs on this CPU (and
+'best', what the operator table picks) against the scalar 'ref', and 'ref' against float64 numpy
+on the same dequantized weights.
+
+Tolerances are relative to the magnitude of each sum, sum_k |w_k| |x_k|:
+- variants with float activations differ from 'ref' only by summation order and fused
+  multiply-adds: a few float32 ulps per term, REL_TOL = 1e-5 of the magnitude;
+- variants that quantize activations to int8 blocks of 32 (scale d = max|x| / 127, round to
+  nearest) add at most d / 2 per activation: their bound adds sum_blocks d_b / 2 * sum |w| over
+  the block. With activations on that int8 grid (power-of-two scales) the quantization is
+  lossless, so there they must meet REL_TOL too: that is the sharp test of their integer path.
+A wrong index, block layout, nibble order, scale or tail loop gives errors of order 1 in these units.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import cache
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from edgevlm_ros import _engine
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+ROWS = (1, 3, 17, 64, 129)
+QUANT_COLS = (32, 96, 160, 576)
+FLOAT_COLS = (1, 7, 33) + QUANT_COLS
+MS = (1, 2, 3, 4, 5, 64)  # 3 | 4: the decode / prefill boundary (kernels/ops.h kDecodeMaxTokens)
+THREADS = (1, 2, 3)
+REL_TOL = 1e-5  # of sum |w||x|
+DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the variant chosen for this m gives
+
+# Every matmul variant, by how it treats activations. A new variant must be added to one of these.
+FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm"}
+INT8_ACT_VARIANTS = {"avx2_q8act"}
+
+
+def matmul_variants(wtype: str) -> list[str]:
+    """The variants that run wtype on this CPU, 'ref' excluded."""
+    return [v["name"] for v in _engine.list_variants()
+            if v["op"] == "matmul" and v["available"] and wtype in v["formats"] and v["name"] != "ref"]
+
+
+def attention_variants() -> list[str]:
+    return [v["name"] for v in _engine.list_variants() if v["op"] == "attention" and v["available"]]
+
+
+def chosen_variant(wtype: str, m: int, rows: int, cols: int) -> str:
+    phase = "decode" if m <= DECODE_MAX_TOKENS else "prefill"
+    return str(_engine.choose_matmul(wtype, phase, rows, cols))
+
+
+@cache
+def weights(wtype: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw GGUF bytes, the float32 values they decode to), seeded by the shape."""
+    rng = np.random.default_rng(rows * 100_003 + cols * 7 + len(wtype))
+    # Per-row scales over six decades: rows of very different magnitude share one matmul.
+    w = rng.standard_normal((rows, cols)) * 10.0 ** rng.uniform(-3, 3, (rows, 1))
+    w = w.astype(np.float32)
+    if wtype == "BF16":
+        raw = gguf.quants.quantize(w, QT.BF16).reshape(-1)
+    else:
+        raw = _engine.quantize(wtype, w.reshape(-1))
+    dequant = _engine.dequantize(wtype, raw, rows * cols).reshape(rows, cols)
+    return raw, dequant
+
+
+@cache
+def activations(m: int, cols: int) -> np.ndarray:
+    rng = np.random.default_rng(m * 1009 + cols)
+    return (rng.standard_normal((m, cols)) * rng.uniform(0.1, 10)).astype(np.float32)
+
+
+@cache
+def grid_activations(m: int, cols: int) -> np.ndarray:
+    """Activations an int8 block quantizer reproduces exactly: per block of 32, 2^e * q with
+    integer q in [-127, 127] and one |q| = 127, so max|x| / 127 = 2^e exactly."""
+    rng = np.random.default_rng(m * 31 + cols + 5)
+    nb = cols // 32
+    q = rng.integers(-127, 128, (m, nb, 32)).astype(np.float64)
+    q[np.arange(m)[:, None], np.arange(nb)[None, :], rng.integers(0, 32, (m, nb))] = rng.choice([-127, 127], (m, nb))
+    scale = 2.0 ** rng.integers(-12, 4, (m, nb, 1))
+    return (q * scale).reshape(m, cols).astype(np.float32)
+
+
+def act_quant_bound(wd: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(m, rows): the most that int8 block quantization of x (d = max|x| / 127, round to nearest)
+    can move W x: sum over blocks of d_b / 2 * sum_{k in b} |w_k|."""
+    m, cols = x.shape
+    d = np.abs(x.astype(np.float64)).reshape(m, cols // 32, 32).max(axis=2) / 127.0
+    wsum = np.abs(wd.astype(np.float64)).reshape(wd.shape[0], cols // 32, 32).sum(axis=2)
+    return 0.5 * d @ wsum.T * (1 + 1e-6)
+
+
+def check_close(got: np.ndarray, want: np.ndarray, bound: np.ndarray, what: str) -> None:
+    assert got.shape == want.shape, what
+    assert np.all(np.isfinite(got)), what
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    worst = float(np.max(err / (bound + 1e-30)))
+    assert worst <= 1.0, f"{what}: error {worst:.3g} x the tolerance"
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def matmul_cases(wtype: str) -> list[tuple[int, int]]:
+    cols = FLOAT_COLS if wtype in FLOAT_TYPES else QUANT_COLS
+    return list(itertools.product(ROWS, cols))
+
+
+def test_every_variant_is_classified_and_best_is_not_ref() -> None:
+    """On a CPU with AVX2 the comparisons below exercise ISA kernels, not ref against itself."""
+    listed = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul"}
+    assert "ref" in listed
+    unclassified = listed - FLOAT_ACT_VARIANTS - INT8_ACT_VARIANTS
+    assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS or INT8_ACT_VARIANTS"
+    chosen = _engine.kernel_variants()
+    assert set(chosen) == {f"matmul/{t}/{p}" for t in FLOAT_TYPES + QUANT_TYPES for p in ("decode", "prefill")} | {
+        "attention"}
+    for key, name in chosen.items():
+        if key.startswith("matmul/"):
+            assert name == "ref" or name in matmul_variants(key.split("/")[1]), (key, name)
+        else:
+            assert name in attention_variants()
+    feats = _engine.cpu_features()
+    if feats["avx2"] and feats["fma"] and feats["f16c"]:
+        assert all(v != "ref" for v in chosen.values()), chosen
+
+
+@pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
+def test_matmul_variants_vs_ref_vs_numpy(wtype: str) -> None:
+    variants = matmul_variants(wtype)
+    for rows, cols in matmul_cases(wtype):
+        raw, wd = weights(wtype, rows, cols)
+        w64 = wd.astype(np.float64)
+        for m in MS:
+            x = activations(m, cols)
+            x64 = x.astype(np.float64)
+            magnitude = np.abs(x64) @ np.abs(w64).T  # (m, rows)
+            tight = REL_TOL * magnitude
+            int8_bound = act_quant_bound(wd, x) + tight if wtype in QUANT_TYPES else tight
+            shape = f"{wtype} rows={rows} cols={cols} m={m}"
+            ref = _engine.kernel_matmul("ref", wtype, raw, rows, cols, x)
+            assert ref.shape == (m, rows) and ref.dtype == np.float32
+            check_close(ref, x64 @ w64.T, tight, f"ref {shape} vs numpy")
+            outputs: dict[str, np.ndarray] = {}
+            for variant in variants:
+                bound = int8_bound if variant in INT8_ACT_VARIANTS else tight
+                for threads in THREADS:
+                    y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=threads)
+                    what = f"{variant} {shape} threads={threads}"
+                    check_close(y, ref, bound, what + " vs ref")
+                    # Each output is computed by one thread with the same arithmetic: the thread
+                    # count must not change a single bit.
+                    if variant in outputs:
+                        assert same_bits(y, outputs[variant]), what
+                    outputs[variant] = y
+            chosen = chosen_variant(wtype, m, rows, cols)
+            for threads in THREADS:
+                best = _engine.kernel_matmul("best", wtype, raw, rows, cols, x, threads=threads)
+                want = ref if chosen == "ref" else outputs[chosen]
+                assert same_bits(best, want), f"best {shape} threads={threads} is not {chosen}"
+
+
+@pytest.mark.parametrize("wtype", QUANT_TYPES)
+def test_int8_activation_variants_exact_on_grid_activations(wtype: str) -> None:
+    variants = [v for v in matmul_variants(wtype) if v in INT8_ACT_VARIANTS]
+    if not variants:
+        pytest.skip(f"no int8-activation variant for {wtype} on this CPU")
+    for rows, cols in matmul_cases(wtype):
+        raw, wd = weights(wtype, rows, cols)
+        for m in (1, 2, 3, 5):
+            x = grid_activations(m, cols)
+            magnitude = np.abs(x.astype(np.float64)) @ np.abs(wd.astype(np.float64)).T
+            want = x.astype(np.float64) @ wd.astype(np.float64).T
+            for variant in variants:
+                y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=2)
+                check_close(y, want, REL_TOL * magnitude, f"{variant} {wtype} rows={rows} cols={cols} m={m}")
+
+
+@pytest.mark.parametrize("wtype", QUANT_TYPES)
+def test_int8_tolerances_have_teeth(wtype: str) -> None:
+    """The tolerances above still catch real bugs. The int8 bound for random activations is loose
+    (it allows d / 2 per element) but a row-wide bug (nibble order) is far outside it; a bug in one
+    block of 18 (two blocks swapped) hides in it, and is caught by the tight grid-activation test."""
+    rows, cols, m = 64, 576, 2
+    _, wd = weights(wtype, rows, cols)
+    w64 = wd.astype(np.float64)
+    nibbles = w64.reshape(rows, cols // 32, 2, 16)[:, :, ::-1, :].reshape(rows, cols)
+    swapped = w64.reshape(rows, cols // 32, 32)[:, [1, 0] + list(range(2, cols // 32)), :].reshape(rows, cols)
+    x = activations(m, cols).astype(np.float64)
+    loose = act_quant_bound(wd, x) + REL_TOL * np.abs(x) @ np.abs(w64).T
+    assert np.median(np.abs(x @ (nibbles - w64).T) / loose) > 3
+    g = grid_activations(m, cols).astype(np.float64)
+    tight = REL_TOL * np.abs(g) @ np.abs(w64).T
+    assert np.min(np.abs(g @ (swapped - w64).T) / tight) > 2  # every output, by a margin
+
+
+BLOCK_BYTES = {"F16": 2, "BF16": 2, "Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+BLOCK_SIZE = {"F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q8_0": 32}
+
+
+def finite_halves(h: np.ndarray) -> np.ndarray:
+    """fp16 bit patterns with inf/NaN (exponent 31) moved to exponent 30: every finite value stays."""
+    return np.where((h & 0x7C00) == 0x7C00, h & np.uint16(0xFBFF), h).astype(np.uint16)
+
+
+@pytest.mark.parametrize("wtype", ["F16", "BF16"] + list(QUANT_TYPES))
+def test_matmul_on_arbitrary_bytes(wtype: str) -> None:
+    """Weights no quantizer would write: random bit patterns (negative and subnormal scales, every
+    nibble and int8 value, subnormal and huge halves); inf/NaN halves and bfloat16s excluded."""
+    rng = np.random.default_rng(11)
+    rows, cols = 64, 96
+    n_blocks = rows * cols // BLOCK_SIZE[wtype]
+    raw = rng.integers(0, 256, (n_blocks, BLOCK_BYTES[wtype]), dtype=np.uint8)
+    n_half = 4 if wtype == "Q4_1" else 2  # the fp16 scale (and min) at the start of each block
+    halves = raw[:, :n_half].copy().view(np.uint16)
+    if wtype == "BF16":
+        halves &= np.uint16(0xBFFF)  # |w| < 2: products with x stay far from float32 overflow
+    else:
+        halves = finite_halves(halves)
+    raw[:, :n_half] = halves.view(np.uint8)
+    raw = raw.reshape(-1)
+    wd = _engine.dequantize(wtype, raw, rows * cols).reshape(rows, cols)
+    assert np.all(np.isfinite(wd))
+    for m in (1, 5):
+        for x in (activations(m, cols), grid_activations(m, cols)):
+            magnitude = np.abs(x.astype(np.float64)) @ np.abs(wd.astype(np.float64)).T
+            want = x.astype(np.float64) @ wd.astype(np.float64).T
+            ref = _engine.kernel_matmul("ref", wtype, raw, rows, cols, x)
+            check_close(ref, want, REL_TOL * magnitude, f"ref {wtype} on random bytes vs numpy")
+            for variant in matmul_variants(wtype) + ["best"]:
+                bound = REL_TOL * magnitude
+                if variant in INT8_ACT_VARIANTS or (variant == "best" and chosen_variant(
+                        wtype, m, rows, cols) in INT8_ACT_VARIANTS):
+                    bound = bound + act_quant_bound(wd, x)
+                for threads in (1, 3):
+                    y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=threads)
+                    check_close(y, ref, bound, f"{variant} {wtype} m={m} on random bytes vs ref")
+
+
+def test_ref_matmul_rows_and_tokens_are_independent() -> None:
+    """In 'ref', row r of y depends on row r of W only and token t on x[t] only: a 1 x 1 product of
+    each (row, token) equals that entry of the whole product, bit for bit."""
+    rows, cols, m = 17, 96, 5
+    for wtype in FLOAT_TYPES + QUANT_TYPES:
+        raw, _ = weights(wtype, rows, cols)
+        x = activations(m, cols)
+        row_bytes = raw.size // rows
+        full = _engine.kernel_matmul("ref", wtype, raw, rows, cols, x, threads=2)
+        for r in (0, 7, 16):
+            one_row = raw[r * row_bytes:(r + 1) * row_bytes]
+            for t in range(m):
+                y = _engine.kernel_matmul("ref", wtype, one_row, 1, cols, x[t:t + 1])
+                assert y.view(np.uint32)[0, 0] == full.view(np.uint32)[t, r], (wtype, r, t)
+
+
+@pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
+def test_matmul_weights_at_any_byte_alignment(wtype: str) -> None:
+    """Weights are read in place from the mapped file, where general.alignment may be 1: a weight
+    buffer starting 1, 2 or 3 bytes past an aligned address gives the same bits as an aligned one.
+    (Under the sanitizer build this also checks that no kernel loads through a misaligned pointer.)"""
+    rows, cols = 17, (37 if wtype in FLOAT_TYPES else 160)  # 37: scalar tails after the SIMD loops
+    raw, _ = weights(wtype, rows, cols)
+    for m in (1, 5):
+        x = activations(m, cols)
+        for variant in ["ref", "best"] + matmul_variants(wtype):
+            aligned = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=2)
+            for shift in (1, 2, 3):
+                buf = np.zeros(raw.size + 64, np.uint8)
+                base = (-buf.ctypes.data) % 64  # a 64-byte aligned start inside buf
+                view = buf[base + shift:base + shift + raw.size]
+                view[:] = raw
+                assert view.ctypes.data % 64 == shift
+                got = _engine.kernel_matmul(variant, wtype, view, rows, cols, x, threads=2)
+                assert same_bits(got, aligned), (variant, m, shift)
+
+
+@pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
+def test_matmul_zero_weights_and_inputs(wtype: str) -> None:
+    rows, cols = 3, 64
+    raw = _engine.quantize(wtype, np.zeros(rows * cols, np.float32)) if wtype != "BF16" else np.zeros(
+        rows * cols * 2, np.uint8)
+    raw_w, _ = weights(wtype, rows, cols)
+    for m in (1, 5):
+        x = activations(m, cols)
+        for variant in ["ref", "best"] + matmul_variants(wtype):
+            assert not np.any(_engine.kernel_matmul(variant, wtype, raw, rows, cols, x)), variant
+            assert not np.any(_engine.kernel_matmul(variant, wtype, raw_w, rows, cols, np.zeros_like(x))), variant
+
+
+def test_matmul_argument_checks() -> None:
+    raw, _ = weights("Q4_0", 3, 64)
+    x = activations(2, 64)
+    with pytest.raises(ValueError):
+        _engine.kernel_matmul("best", "Q4_0", raw[:-1], 3, 64, x)  # byte count
+    with pytest.raises(ValueError):
+        _engine.kernel_matmul("best", "Q4_0", raw, 3, 48, x[:, :48])  # not whole blocks
+    with pytest.raises(ValueError):
+        _engine.kernel_matmul("best", "Q4_0", raw, 3, 64, x[:, :32])  # x width
+    with pytest.raises(ValueError):
+        _engine.kernel_matmul("best", "Q4_0", raw, 3, 64, x, threads=0)
+    with pytest.raises(ValueError):
+        _engine.kernel_matmul("no_such_variant", "Q4_0", raw, 3, 64, x)
+    with pytest.raises(ValueError):
+        _engine.kernel_matmul("best", "Q4_K", raw, 3, 64, x)
+    f32, _ = weights("F32", 3, 64)
+    for variant in INT8_ACT_VARIANTS & set(matmul_variants("Q4_0")):
+        with pytest.raises(ValueError):
+            _engine.kernel_matmul(variant, "F32", f32, 3, 64, x)  # int8 activations need int weights
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------
+
+
+def attention_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(out, sum_j p_j |v_j|) in float64."""
+    s = scale * (k.astype(np.float64) @ q.astype(np.float64))
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    return p @ v.astype(np.float64), p @ np.abs(v.astype(np.float64))
+
+
+def attention_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """Error scale of the attention output: the weighted |v| sum times the spread of the scores.
+
+    A relative error e of a score moves p_j by about e |s_j| p_j, so the output error scales with
+    max |s| as well as with sum_j p_j |v_j|.
+    """
+    s = scale * np.abs(k.astype(np.float64)) @ np.abs(q.astype(np.float64))
+    _, weighted = attention_numpy(q, k, v, scale)
+    return REL_TOL * (weighted * (1.0 + s.max()) + np.abs(v).max() * 1e-3)
+
+
+@pytest.mark.parametrize("n_kv", [1, 2, 31, 257])
+@pytest.mark.parametrize("d", [1, 8, 13, 64, 80])
+@pytest.mark.parametrize("sharpness", [0.1, 1.0, 8.0])
+def test_attention_variants_vs_ref_vs_numpy(n_kv: int, d: int, sharpness: float) -> None:
+    rng = np.random.default_rng(n_kv * 1000 + d * 10 + int(sharpness * 10))
+    q = (rng.standard_normal(d) * sharpness).astype(np.float32)
+    k = rng.standard_normal((n_kv, d)).astype(np.float32)
+    v = (rng.standard_normal((n_kv, d)) * 3.0).astype(np.float32)
+    scale = float(1.0 / np.sqrt(d))
+    want, _ = attention_numpy(q, k, v, scale)
+    bound = attention_bound(q, k, v, scale)
+    ref = _engine.kernel_attention("ref", q, k, v, scale)
+    assert ref.shape == (d,) and ref.dtype == np.float32
+    check_close(ref, want, bound, f"attention ref n_kv={n_kv} d={d} vs numpy")
+    for variant in ["best"] + attention_variants():
+        out = _engine.kernel_attention(variant, q, k, v, scale)
+        assert out.shape == (d,) and out.dtype == np.float32
+        check_close(out, ref, bound, f"attention {variant} n_kv={n_kv} d={d} vs ref")
+        check_close(out, want, bound, f"attention {variant} n_kv={n_kv} d={d} vs numpy")
+
+
+@pytest.mark.parametrize("variant", ["ref", "best"])
+def test_attention_edge_cases(variant: str) -> None:
+    rng = np.random.default_rng(5)
+    d, n = 64, 31
+    v = rng.standard_normal((n, d)).astype(np.float32)
+    k = rng.standard_normal((n, d)).astype(np.float32)
+    q = rng.standard_normal(d).astype(np.float32)
+    # One key: the output is its value exactly.
+    assert np.array_equal(_engine.kernel_attention(variant, q, k[:1], v[:1], 0.125), v[0])
+    # Scale 0 (or identical keys): a plain mean of the values.
+    mean = v.astype(np.float64).mean(axis=0)
+    mean_bound = REL_TOL * np.abs(v).mean(axis=0)
+    check_close(_engine.kernel_attention(variant, q, k, v, 0.0), mean, mean_bound, "scale 0")
+    same_k = np.repeat(k[:1], n, axis=0)
+    check_close(_engine.kernel_attention(variant, q, same_k, v, 0.125), mean, mean_bound, "same keys")
+    # A dominant key: scores 1e4 apart give weight 1 to it and exactly 0 to the rest, without overflow.
+    k2 = k.copy()
+    k2[17] = q / np.float32(np.dot(q, q)) * np.float32(1e4)
+    out = _engine.kernel_attention(variant, q, k2, v, 1.0)
+    assert np.all(np.isfinite(out))
+    check_close(out, v[17], REL_TOL * (np.abs(v[17]) + 1e-6), "dominant key")
+    # Large scores everywhere (without the max subtraction exp would overflow float32).
+    q100 = q * np.float32(100)
+    out = _engine.kernel_attention(variant, q100, k, v, 1.0)
+    want, _ = attention_numpy(q100, k, v, 1.0)
+    assert np.all(np.isfinite(out))
+    check_close(out, want, attention_bound(q100, k, v, 1.0), "large scores")
+
+
+def test_attention_argument_checks() -> None:
+    q = np.zeros(8, np.float32)
+    kv = np.zeros((3, 8), np.float32)
+    with pytest.raises(ValueError):
+        _engine.kernel_attention("ref", q, kv[:0], kv[:0], 1.0)  # n_kv = 0
+    with pytest.raises(ValueError):
+        _engine.kernel_attention("ref", q[:4], kv, kv, 1.0)
+    with pytest.raises(ValueError):
+        _engine.kernel_attention("ref", q, kv, kv[:2], 1.0)
+    with pytest.raises(ValueError):
+        _engine.kernel_attention("no_such_variant", q, kv, kv, 1.0)
