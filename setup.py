@@ -1,6 +1,10 @@
 """edgevlm_ros: a ROS 2 package (ament_python) with a native VLM engine built as a pybind11 module."""
 import glob
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import buildinfo  # noqa: E402
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
@@ -10,32 +14,25 @@ PACKAGE = "edgevlm_ros"
 # Compile the native sources in parallel (the machine's cores).
 ParallelCompile("EDGEVLM_BUILD_JOBS", default=0).install()
 
-sources = sorted(glob.glob("native/**/*.cpp", recursive=True) + glob.glob("kernels/**/*.cpp", recursive=True))
-sources = [s for s in sources if "/test_" not in s]
-# Headers as dependencies, so `build_ext --inplace` rebuilds when only a header changed.
-headers = sorted(glob.glob("native/**/*.h", recursive=True) + glob.glob("kernels/**/*.h", recursive=True))
+sources = buildinfo.sources() + ["native/bindings.cpp"]
 
 # Baseline x86-64 (or armv8-a) code everywhere; ISA-specific kernels carry their own target
 # attributes and are picked at run time by the operator table, so one build runs on any CPU.
-cflags = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden", "-fno-math-errno"]
+cflags = ["-O3", *buildinfo.WARNINGS, "-fvisibility=hidden", "-fno-math-errno"]
 ldflags: list[str] = []
 if os.environ.get("EDGEVLM_SANITIZE"):
     # ASan + UBSan build for the test suite (run with LD_PRELOAD of libasan, see Makefile).
     cflags = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-Wall", "-Wextra"]
     ldflags = ["-fsanitize=address,undefined"]
 
-# kernels/optable.tsv is the engine's default operator table, compiled in as one string
-# (rules separated by ';'); a tuned table written by `edgevlm tune` replaces it at run time.
-with open("kernels/optable.tsv", encoding="utf-8") as f:
-    rules = [line.split("#", 1)[0].strip() for line in f]
-optable = ";".join(" ".join(r.split()) for r in rules if r)
-
 ext = Pybind11Extension(
     f"{PACKAGE}._engine",
     sources,
-    include_dirs=["native", "kernels"],
-    depends=headers + ["kernels/optable.tsv"],
-    define_macros=[("EVK_DEFAULT_OPTABLE", f'"{optable}"')],
+    include_dirs=buildinfo.INCLUDE_DIRS,
+    # kernels/optable.tsv is the engine's default operator table, compiled in; a tuned table
+    # written by `edgevlm tune` replaces it at run time.
+    depends=buildinfo.headers() + ["kernels/optable.tsv"],
+    define_macros=[buildinfo.optable_define()],
     cxx_std=17,
     extra_compile_args=cflags,
     extra_link_args=ldflags,

@@ -3,6 +3,9 @@
 // (operator, format, phase, shape, CPU features). Element-wise operators have a single variant
 // today and are filled directly.
 #include <initializer_list>
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -21,6 +24,10 @@ void rope_ref(float*, int64_t, int64_t, int64_t, float, float, bool);
 void silu_mul_ref(float*, const float*, int64_t);
 void gelu_tanh_ref(float*, int64_t);
 void add_ref(float*, const float*, int64_t);
+#if defined(__aarch64__)
+void matmul_neon_f32act(const MatmulArgs&);
+void matmul_neon_q8act_dot(const MatmulArgs&);
+#endif
 #if defined(__x86_64__)
 void matmul_avx2(const MatmulArgs&);
 void matmul_avx2_gemm(const MatmulArgs&);
@@ -37,7 +44,10 @@ CpuFeatures detect_cpu_features() {
     f.avx512f = __builtin_cpu_supports("avx512f");
     f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C; GCC 12 cannot query it by name
 #elif defined(__aarch64__)
-    f.neon = true;
+    f.neon = true;  // Advanced SIMD is mandatory in armv8-a
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    f.dotprod = (hw & (1ul << 20)) != 0;  // HWCAP_ASIMDDP
+    f.i8mm = (hw2 & (1ul << 13)) != 0;    // HWCAP2_I8MM
 #endif
     return f;
 }
@@ -57,6 +67,10 @@ const std::vector<Variant>& registry() {
     static const std::vector<Variant> v = {
         {"matmul", "ref", matmul_ref, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "-"},
         {"attention", "ref", nullptr, attention_ref, {}, "-"},
+#if defined(__aarch64__)
+        {"matmul", "neon_f32act", matmul_neon_f32act, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
+        {"matmul", "neon_q8act_dot", matmul_neon_q8act_dot, nullptr, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
+#endif
 #if defined(__x86_64__)
         {"matmul", "avx2_f32act", matmul_avx2, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {"matmul", "avx2_gemm", matmul_avx2_gemm, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},

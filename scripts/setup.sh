@@ -28,6 +28,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 
+# Native test tools from Debian: the aarch64 cross compiler and qemu-user run the Arm kernels.
+if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[setup] installing g++-aarch64-linux-gnu and qemu-user (Debian)"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user >/dev/null
+    else
+        echo "[setup] warning: g++-aarch64-linux-gnu / qemu-user missing (need root + apt): the Arm kernel tests will fail" >&2
+    fi
+fi
+
 "$ROOT/scripts/fetch_models.sh" "$VPY"
 
 echo "[setup] building the native extension"

@@ -1,0 +1,120 @@
+// Arm NEON kernels. matmul_neon_f32act: weight rows expanded to float (reference dequantizer),
+// then 4-accumulator FMA dots (any M). matmul_neon_q8act: decode with int8 activations, the
+// integer dot product of FEAT_DotProd (sdot: four int8 products summed into each int32 lane),
+// one float FMA per block, as the AVX2 maddubs kernel does on x86. Built for baseline armv8-a;
+// the dotprod function carries its own target and is picked only when HWCAP reports it.
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+#include <cstring>
+
+#include "../ops.h"
+
+namespace evk {
+
+namespace {
+
+inline float dot_neon(const float* a, const float* b, int64_t n) {
+    float32x4_t s0 = vdupq_n_f32(0.f), s1 = vdupq_n_f32(0.f), s2 = vdupq_n_f32(0.f), s3 = vdupq_n_f32(0.f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+        s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+        s2 = vfmaq_f32(s2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+        s3 = vfmaq_f32(s3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    }
+    for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    float s = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+struct BlockQ8A {
+    float d, s;
+    int8_t qs[kQK];
+};
+
+void quantize_act(const float* x, int64_t k, BlockQ8A* out) {
+    for (int64_t b = 0; b < k / kQK; ++b, x += kQK) {
+        float32x4_t v[8];
+        float32x4_t amax = vdupq_n_f32(0.f);
+        for (int j = 0; j < 8; ++j) {
+            v[j] = vld1q_f32(x + 4 * j);
+            amax = vmaxq_f32(amax, vabsq_f32(v[j]));
+        }
+        const float d = vmaxvq_f32(amax) / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        int32_t sum = 0;
+        for (int j = 0; j < 8; ++j) {
+            // vcvtnq: round to nearest, ties to even, like the x86 kernel's _mm256_round_ps.
+            const int32x4_t q = vcvtnq_s32_f32(vmulq_n_f32(v[j], id));
+            sum += vaddvq_s32(q);
+            const int16x4_t q16 = vqmovn_s32(q);
+            const int8x8_t q8 = vqmovn_s16(vcombine_s16(q16, q16));
+            int8_t tmp[8];
+            vst1_s8(tmp, q8);
+            std::memcpy(out[b].qs + 4 * j, tmp, 4);
+        }
+        out[b].d = d;
+        out[b].s = d * static_cast<float>(sum);
+    }
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) float row_dot(DType t, const uint8_t* row, const BlockQ8A* y,
+                                                                  int64_t nb) {
+    float acc = 0.f, offs = 0.f;
+    const uint8x16_t low = vdupq_n_u8(0x0f);
+    for (int64_t b = 0; b < nb; ++b) {
+        const int8x16_t y0 = vld1q_s8(y[b].qs), y1 = vld1q_s8(y[b].qs + 16);
+        int32x4_t p = vdupq_n_s32(0);
+        float dw, mw = 0.f;
+        if (t == DType::Q8_0) {
+            const uint8_t* blk = row + static_cast<size_t>(b) * sizeof(BlockQ8_0);
+            dw = fp16_to_fp32(load_u16(blk));
+            p = vdotq_s32(p, vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2)), y0);
+            p = vdotq_s32(p, vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18)), y1);
+        } else {
+            const bool q41 = t == DType::Q4_1;
+            const size_t bs = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+            const uint8_t* blk = row + static_cast<size_t>(b) * bs;
+            dw = fp16_to_fp32(load_u16(blk));
+            if (q41) mw = fp16_to_fp32(load_u16(blk + 2));
+            const uint8x16_t raw = vld1q_u8(blk + (q41 ? 4 : 2));
+            int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, low));  // elements 0..15
+            int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));   // elements 16..31
+            if (!q41) {
+                lo = vsubq_s8(lo, vdupq_n_s8(8));
+                hi = vsubq_s8(hi, vdupq_n_s8(8));
+            }
+            p = vdotq_s32(p, lo, y0);
+            p = vdotq_s32(p, hi, y1);
+        }
+        acc += dw * y[b].d * static_cast<float>(vaddvq_s32(p));
+        offs += mw * y[b].s;
+    }
+    return acc + offs;
+}
+
+}  // namespace
+
+void matmul_neon_f32act(const MatmulArgs& a) {
+    const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    for (int64_t r = a.row0; r < a.row1; ++r) {
+        dequantize_row(a.wtype, base + static_cast<size_t>(r) * a.w_row_bytes, a.scratch, a.k);
+        for (int64_t t = 0; t < a.m; ++t) a.y[t * a.y_stride + r] = dot_neon(a.scratch, a.x + t * a.x_stride, a.k);
+    }
+}
+
+void matmul_neon_q8act_dot(const MatmulArgs& a) {
+    BlockQ8A* yq = reinterpret_cast<BlockQ8A*>(a.scratch);
+    const int64_t nb = a.k / kQK;
+    const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    for (int64_t t = 0; t < a.m; ++t) {
+        quantize_act(a.x + t * a.x_stride, a.k, yq);
+        for (int64_t r = a.row0; r < a.row1; ++r)
+            a.y[t * a.y_stride + r] = row_dot(a.wtype, base + static_cast<size_t>(r) * a.w_row_bytes, yq, nb);
+    }
+}
+
+}  // namespace evk
+#endif

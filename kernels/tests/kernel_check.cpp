@@ -1,0 +1,151 @@
+// Standalone check of every kernel variant this build registers against the scalar reference,
+// on random inputs of awkward sizes. Built natively and with the aarch64 cross compiler (run
+// under qemu-aarch64) by test/test_kernels_native.py. Prints "N passed, M failed".
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../ops.h"
+
+using namespace evk;
+
+namespace {
+
+int passed = 0, failed = 0;
+
+void check(bool ok, const std::string& what) {
+    if (ok) {
+        ++passed;
+    } else {
+        ++failed;
+        std::printf("FAIL %s\n", what.c_str());
+    }
+}
+
+std::vector<uint8_t> make_weights(DType t, int64_t rows, int64_t k, std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const size_t rb = row_bytes(t, k);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (float& v : row) v = nd(rng);
+        uint8_t* dst = w.data() + static_cast<size_t>(r) * rb;
+        switch (t) {
+        case DType::F32: std::memcpy(dst, row.data(), rb); break;
+        case DType::F16:
+            for (int64_t i = 0; i < k; ++i) { const uint16_t h = fp32_to_fp16(row[i]); std::memcpy(dst + 2 * i, &h, 2); }
+            break;
+        case DType::BF16:
+            for (int64_t i = 0; i < k; ++i) {
+                uint32_t u;
+                std::memcpy(&u, &row[i], 4);
+                const uint16_t h = static_cast<uint16_t>(u >> 16);
+                std::memcpy(dst + 2 * i, &h, 2);
+            }
+            break;
+        case DType::Q4_0: quantize_row_q4_0(row.data(), dst, k); break;
+        case DType::Q4_1: quantize_row_q4_1(row.data(), dst, k); break;
+        case DType::Q8_0: quantize_row_q8_0(row.data(), dst, k); break;
+        default: break;
+        }
+    }
+    return w;
+}
+
+// Bound on |int8-activation result - float result|: each activation block is rounded by at most
+// half a step (amax / 127 / 2), so the error is at most sum_i |w_i| * step_i / 2, plus float slack.
+float int8_bound(const float* w, const float* x, int64_t k) {
+    float b = 0.f;
+    for (int64_t i0 = 0; i0 < k; i0 += kQK) {
+        float amax = 0.f;
+        for (int j = 0; j < kQK; ++j) amax = std::fmax(amax, std::fabs(x[i0 + j]));
+        float wsum = 0.f;
+        for (int j = 0; j < kQK; ++j) wsum += std::fabs(w[i0 + j]);
+        b += wsum * amax / 127.f * 0.5f;
+    }
+    return b;
+}
+
+}  // namespace
+
+int main() {
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const CpuFeatures f = detect_cpu_features();
+    std::printf("cpu: avx2=%d fma=%d neon=%d dotprod=%d i8mm=%d\n", f.avx2, f.fma, f.neon, f.dotprod, f.i8mm);
+    const int64_t rows_set[] = {1, 3, 17, 64};
+    const int64_t k_set[] = {32, 96, 160, 576};
+    const int64_t m_set[] = {1, 2, 5, 13};
+    for (const VariantInfo& v : list_variants()) {
+        if (!v.available) {
+            std::printf("skip %s/%s (this CPU lacks it)\n", v.op.c_str(), v.name.c_str());
+            continue;
+        }
+        if (v.op != "matmul") continue;
+        const MatmulFn fn = matmul_variant(v.name);
+        const bool int8 = v.name.find("q8act") != std::string::npos;
+        for (const std::string& fmt : v.formats) {
+            DType t = DType::F32;
+            for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0})
+                if (fmt == type_traits(d)->name) t = d;
+            int n_cases = 0, n_bad = 0;
+            for (int64_t rows : rows_set)
+                for (int64_t k : k_set)
+                    for (int64_t m : m_set) {
+                        const std::vector<uint8_t> w = make_weights(t, rows, k, rng);
+                        std::vector<float> x(static_cast<size_t>(m * k));
+                        for (float& e : x) e = nd(rng);
+                        std::vector<float> y_ref(static_cast<size_t>(m * rows)), y(static_cast<size_t>(m * rows));
+                        std::vector<float> scratch(static_cast<size_t>(kMatmulScratchRows * k));
+                        MatmulArgs a{w.data(), t, row_bytes(t, k), k, 0, rows, x.data(), k, y_ref.data(), rows, m, scratch.data()};
+                        matmul_ref(a);
+                        // Run the variant over two row ranges, as the thread pool would.
+                        const int64_t split = rows / 2;
+                        a.y = y.data();
+                        a.row1 = split;
+                        if (split > 0) fn(a);
+                        a.row0 = split;
+                        a.row1 = rows;
+                        fn(a);
+                        std::vector<float> wrow(static_cast<size_t>(k));
+                        for (int64_t tok = 0; tok < m; ++tok)
+                            for (int64_t r = 0; r < rows; ++r) {
+                                dequantize_row(t, w.data() + static_cast<size_t>(r) * row_bytes(t, k), wrow.data(), k);
+                                float mag = 0.f;
+                                for (int64_t i = 0; i < k; ++i) mag += std::fabs(wrow[i] * x[tok * k + i]);
+                                float tol = 1e-5f * mag + 1e-6f;
+                                if (int8) tol += int8_bound(wrow.data(), &x[tok * k], k) * 1.01f;
+                                const float got = y[tok * rows + r], want = y_ref[tok * rows + r];
+                                ++n_cases;
+                                if (!(std::fabs(got - want) <= tol)) ++n_bad;
+                            }
+                    }
+            check(n_bad == 0, "matmul/" + v.name + "/" + fmt + ": " + std::to_string(n_bad) + " of " +
+                                  std::to_string(n_cases) + " outputs off");
+        }
+    }
+    // Attention variants against the reference.
+    for (const VariantInfo& v : list_variants()) {
+        if (v.op != "attention" || !v.available) continue;
+        const AttentionFn fn = attention_variant(v.name);
+        for (int64_t n_kv : {1, 2, 31, 257})
+            for (int64_t d : {8, 64, 80}) {
+                std::vector<float> q(d), k(n_kv * d), val(n_kv * d), o1(d), o2(d), sc(n_kv);
+                for (float& e : q) e = nd(rng);
+                for (float& e : k) e = nd(rng);
+                for (float& e : val) e = nd(rng);
+                AttentionArgs a{q.data(), k.data(), val.data(), d, d, n_kv, d, 0.125f, o1.data(), sc.data()};
+                attention_ref(a);
+                a.out = o2.data();
+                fn(a);
+                float err = 0.f;
+                for (int64_t i = 0; i < d; ++i) err = std::fmax(err, std::fabs(o1[i] - o2[i]));
+                check(err < 1e-4f, "attention/" + v.name + " n_kv=" + std::to_string(n_kv) + " d=" + std::to_string(d));
+            }
+    }
+    std::printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

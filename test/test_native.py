@@ -1,0 +1,125 @@
+"""Native checks built as standalone programs from the same sources as the extension
+(buildinfo.py): every kernel variant against its scalar reference on x86 and, cross-compiled with
+Debian's g++-aarch64-linux-gnu, under qemu-aarch64 (with and without the dotprod extension);
+zero heap allocations per decoded token; the GGUF reader and the kernels under ASan + UBSan."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import buildinfo  # noqa: E402
+
+BUILD = ROOT / "build" / "native-tests"
+CROSS = "aarch64-linux-gnu-g++"
+QEMU = "qemu-aarch64"
+
+
+def _build(name: str, main: str, sources: list[str], compiler: str = "g++", extra: tuple[str, ...] = ()) -> Path:
+    """Compiles once per distinct input (hash of sources, flags and compiler)."""
+    flags = ["-std=c++17", "-O2", *buildinfo.WARNINGS, "-Werror", *(f"-I{d}" for d in buildinfo.INCLUDE_DIRS),
+             f"-D{buildinfo.optable_define()[0]}={buildinfo.optable_define()[1]}", "-pthread", *extra]
+    files = [main, *sources]
+    h = hashlib.sha256(" ".join([compiler, *flags]).encode())
+    for f in files + buildinfo.headers():
+        h.update((ROOT / f).read_bytes())
+    out = BUILD / f"{name}-{h.hexdigest()[:12]}"
+    if not out.exists():
+        BUILD.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run([compiler, *flags, *files, "-o", str(out)], cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode == 0, f"{name} did not build:\n{p.stderr[-4000:]}"
+    return out
+
+
+def _run(cmd: list[str], timeout: int = 600) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert " 0 failed" in out, out[-4000:]
+    return out
+
+
+def test_every_x86_kernel_variant_matches_the_reference() -> None:
+    exe = _build("kernel_check", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True))
+    out = _run([str(exe)])
+    print(out.splitlines()[-1])
+
+
+def _need_cross_tools() -> None:
+    missing = [t for t in (CROSS, QEMU) if shutil.which(t) is None]
+    assert not missing, f"{missing} missing: scripts/setup.sh installs g++-aarch64-linux-gnu and qemu-user"
+
+
+@pytest.mark.parametrize("cpu, expect_dotprod", [("max", True), ("cortex-a53", False)])
+def test_arm_kernel_variants_under_qemu(cpu: str, expect_dotprod: bool) -> None:
+    """NEON (and, where the emulated CPU has it, dotprod) variants against the reference.
+    cortex-a53 lacks dotprod: its variant must be skipped and the plain NEON one still checked."""
+    _need_cross_tools()
+    exe = _build("kernel_check-aarch64", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True),
+                 compiler=CROSS, extra=("-static",))
+    out = _run([QEMU, "-cpu", cpu, str(exe)])
+    assert "neon=1" in out
+    assert (f"dotprod={int(expect_dotprod)}") in out
+    assert ("skip matmul/neon_q8act_dot" in out) is not expect_dotprod
+    print(cpu, out.splitlines()[-1])
+
+
+def test_no_heap_allocation_per_decoded_token(text_model_path: Path) -> None:
+    sources = [s for s in buildinfo.sources() if not s.endswith("clip_vision.cpp")]
+    exe = _build("alloc_check", "native/tests/alloc_check.cpp", sources)
+    out = _run([str(exe), str(text_model_path), "100", "2"])
+    assert "decode: 100 steps, 0 heap allocations" in out, out
+
+
+def _hostile_corpus(src: Path, dest: Path, n_mutations: int = 300) -> list[Path]:
+    """Truncations and seeded byte mutations of a real GGUF's header region, plus absurd counts."""
+    head = src.read_bytes()[: 1 << 20]
+    dest.mkdir(parents=True, exist_ok=True)
+    files = []
+    for cut in (0, 3, 4, 8, 16, 24, 100, 1000, 40_000, 500_000):
+        p = dest / f"cut{cut}.gguf"
+        p.write_bytes(head[:cut])
+        files.append(p)
+    rng = random.Random(7)
+    for i in range(n_mutations):
+        data = bytearray(head)
+        for _ in range(rng.randint(1, 8)):
+            pos = rng.randrange(0, 4096)
+            data[pos] = rng.randrange(256)
+        p = dest / f"mut{i}.gguf"
+        p.write_bytes(bytes(data))
+        files.append(p)
+    for name, blob in {
+        "huge_tensor_count": b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 0),
+        "huge_kv_count": b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 60),
+        "huge_array": b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"a"
+        + struct.pack("<IIQ", 9, 4, 1 << 40),
+        "huge_string": b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 10 << 30) + b"k",
+    }.items():
+        p = dest / f"{name}.gguf"
+        p.write_bytes(blob)
+        files.append(p)
+    return files
+
+
+def test_gguf_reader_and_kernels_under_asan_ubsan(text_model_path: Path, tmp_path: Path) -> None:
+    san = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-fno-omit-frame-pointer")
+    reader = _build("gguf_check-asan", "native/tests/gguf_check.cpp",
+                    ["native/gguf.cpp", "native/mapped_file.cpp", "kernels/formats/formats.cpp"], extra=san)
+    corpus = _hostile_corpus(text_model_path, tmp_path / "corpus")
+    out = _run([str(reader), str(text_model_path), *map(str, corpus)])
+    assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out
+    print(out.splitlines()[-2])
+    kernels = _build("kernel_check-asan", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True),
+                     extra=san)
+    out = _run([str(kernels)])
+    assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out
