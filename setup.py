@@ -59,6 +59,7 @@ setup(
     entry_points={
         "console_scripts": [
             "edgevlm = edgevlm_ros.cli:main",
+            "edgevlm_node = edgevlm_ros.node:main",
         ],
     },
 )

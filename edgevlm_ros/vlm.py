@@ -29,7 +29,7 @@ class VisionLanguageModel:
     def __init__(self, model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
                  threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
                  prefix_cache_dir: str | os.PathLike[str] | None = None, longest_edge: int | None = None,
-                 n_ctx: int = 4096) -> None:
+                 n_ctx: int = 4096, prefix_cache: bool = True) -> None:
         self.text = TextModel(model, threads=threads, n_ctx=n_ctx)
         self.mmproj_path = resolve_model(mmproj, default=DEFAULT_MMPROJ)
         self.mmproj_file = _engine.GGUFFile(str(self.mmproj_path))
@@ -57,7 +57,10 @@ class VisionLanguageModel:
         self.prefix_text = self._render(DEFAULT_PROMPT).split(IMAGE_TOKEN, 1)[0]
         prefix_ids = self.text.tokenizer.encode(self.prefix_text, add_bos=False)
         self.prefix: PrefixState
-        self.prefix, self.prefix_cache_status = self.text.cached_prefix(prefix_ids, prefix_cache_dir)
+        if prefix_cache:
+            self.prefix, self.prefix_cache_status = self.text.cached_prefix(prefix_ids, prefix_cache_dir)
+        else:  # every frame prefills the whole prompt (benchmarks compare against this)
+            self.prefix, self.prefix_cache_status = PrefixState((), None), "disabled"
 
     def _render(self, prompt: str) -> str:
         """The chat prompt with one `<image>` placeholder before the user's text."""
@@ -109,7 +112,7 @@ class VisionLanguageModel:
         x[slots] = features
         native = self.text.native
         cached = 0
-        if tuple(prefix_ids) == self.prefix.token_ids and prefix_ids:
+        if prefix_ids and tuple(prefix_ids) == self.prefix.token_ids:
             native.restore(self.prefix.snapshot)
             cached = len(prefix_ids)
         else:
@@ -147,7 +150,9 @@ class VisionLanguageModel:
 def load_vlm(model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
              threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
              prefix_cache_dir: str | os.PathLike[str] | None = None,
-             longest_edge: int | None = None) -> VisionLanguageModel:
-    """Loads a text GGUF and its mmproj; refuses pairs that do not fit together."""
+             longest_edge: int | None = None, prefix_cache: bool = True) -> VisionLanguageModel:
+    """Loads a text GGUF and its mmproj; refuses pairs that do not fit together.
+
+    prefix_cache=False prefills the whole prompt for every frame (status "disabled")."""
     return VisionLanguageModel(model, mmproj, threads=threads, image_mode=image_mode, system_prompt=system_prompt,
-                               prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge)
+                               prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge, prefix_cache=prefix_cache)

@@ -1,0 +1,188 @@
+"""The node's parameters as plain Python: names, defaults, descriptions, and validation.
+
+`node.py` declares exactly these (the defaults here are the ones in `config/edgevlm.yaml`),
+validates them at start with `validate()`, and checks run-time changes with `apply_changes()`.
+Both raise `ParamError`, whose message names the parameter, the value and the rule, so a bad
+start is one line and a refused `ros2 param set` says why.
+
+Conventions, because ROS parameters have no "unset": an empty string means "the default"
+(model, mmproj, system_prompt, prefix_cache_dir) and 0 means "none" / "automatic" (threads,
+period_s, deadline_ms).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["PARAMS", "NodeParams", "ParamError", "ParamSpec", "apply_changes", "as_values", "defaults", "validate"]
+
+
+class ParamError(ValueError):
+    """A parameter value the node cannot use; the message is meant for the user as it is."""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    default: str | int | float
+    description: str
+    runtime: bool = False  # may change while the node runs (else read-only after start)
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+
+IMAGE_MODES = ("single", "tiled")
+TRANSPORTS = ("raw", "compressed")
+RELIABILITIES = ("best_effort", "reliable")
+
+PARAMS: tuple[ParamSpec, ...] = (
+    ParamSpec("model", "", "text model GGUF file (a path, or a name looked up in the model directories); "
+              "empty: the default model"),
+    ParamSpec("mmproj", "", "vision tower GGUF file (llama.cpp's mmproj layout); empty: the embedded demo mmproj"),
+    ParamSpec("system_prompt", "", "fixed system prompt; its KV cache is computed once and reused for every frame; "
+              "empty: the model's default"),
+    ParamSpec("prompt", "Describe the image in one sentence.", "the user's request, sent with every frame",
+              runtime=True),
+    ParamSpec("max_new_tokens", 32, "most tokens generated per frame (>= 1)", runtime=True),
+    ParamSpec("threads", 0, "engine threads; 0: the cores this process may use, at most 8"),
+    ParamSpec("image_mode", "single", "single: one encoder tile per frame, constant latency; "
+              "tiled: SmolVLM's tiles plus a global view (slower, more detail)"),
+    ParamSpec("transport", "raw", "raw: subscribe sensor_msgs/Image on 'image'; "
+              "compressed: sensor_msgs/CompressedImage (JPEG/PNG) on 'image/compressed'"),
+    ParamSpec("qos_depth", 1, "image subscription queue depth (keep last)"),
+    ParamSpec("qos_reliability", "best_effort", "image subscription reliability: best_effort (matches every "
+              "camera) or reliable (matches only reliable publishers)"),
+    ParamSpec("period_s", 0.0, "describe at most once per this many seconds; 0: as often as the engine can",
+              runtime=True),
+    ParamSpec("deadline_ms", 0.0, "time budget of one frame from the start of its description; decoding stops "
+              "when it runs out, the text so far is published and the miss is counted; 0: none", runtime=True),
+    ParamSpec("prefix_cache_dir", "", "directory for the system prompt's KV cache file, reused across starts when "
+              "model, prompt and engine version match; empty: compute it at every start, keep no file"),
+    ParamSpec("max_image_pixels", 1 << 24, "frames with more pixels than this (from the message header) are "
+              "refused before any memory is allocated"),
+)
+_SPECS = {p.name: p for p in PARAMS}
+
+
+@dataclass(frozen=True)
+class NodeParams:
+    """Validated parameter values (empty strings and zeros already turned into None)."""
+
+    model: str | None
+    mmproj: str | None
+    system_prompt: str | None
+    prompt: str
+    max_new_tokens: int
+    threads: int | None
+    image_mode: str
+    transport: str
+    qos_depth: int
+    qos_reliability: str
+    period_s: float
+    deadline_ms: float | None
+    prefix_cache_dir: str | None
+    max_image_pixels: int
+
+    @property
+    def image_topic(self) -> str:
+        """The relative topic the node subscribes to (image_transport's naming)."""
+        return "image/compressed" if self.transport == "compressed" else "image"
+
+
+def defaults() -> dict[str, str | int | float]:
+    return {p.name: p.default for p in PARAMS}
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _typed(name: str, value: Any) -> str | int | float:
+    """value checked against the parameter's type; an integer is accepted for a double."""
+    kind = _SPECS[name].kind
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+        wanted = {str: "a string", int: "an integer", float: "a number"}[kind]
+        raise ParamError(f"parameter '{name}' must be {wanted}, got {_describe(value)}")
+    return value
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ParamError(f"parameter '{name}' must be one of {', '.join(choices)}; got '{value}'")
+    return value
+
+
+def _at_least(name: str, value: int | float, low: int | float) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ParamError(f"parameter '{name}' must be a finite number, got {value}")
+    if value < low:
+        raise ParamError(f"parameter '{name}' must be >= {low}, got {value}")
+
+
+def validate(values: Mapping[str, Any]) -> NodeParams:
+    """NodeParams from raw values (missing names take their defaults). Raises ParamError."""
+    unknown = sorted(set(values) - set(_SPECS))
+    if unknown:
+        raise ParamError(f"unknown parameter '{unknown[0]}' (known: {', '.join(_SPECS)})")
+    raw = {**defaults(), **values}
+    v = {name: _typed(name, raw[name]) for name in _SPECS}
+
+    prompt = str(v["prompt"])
+    if not prompt.strip():
+        raise ParamError("parameter 'prompt' must not be empty")
+    for name, low in (("max_new_tokens", 1), ("threads", 0), ("qos_depth", 1), ("max_image_pixels", 1),
+                      ("period_s", 0.0), ("deadline_ms", 0.0)):
+        _at_least(name, v[name], low)  # type: ignore[arg-type]
+    if int(v["threads"]) > 256:
+        raise ParamError(f"parameter 'threads' must be <= 256, got {v['threads']}")
+
+    def optional(name: str) -> str | None:
+        text = str(v[name])
+        return text if text.strip() else None
+
+    return NodeParams(
+        model=optional("model"),
+        mmproj=optional("mmproj"),
+        system_prompt=optional("system_prompt"),
+        prompt=prompt,
+        max_new_tokens=int(v["max_new_tokens"]),
+        threads=int(v["threads"]) or None,
+        image_mode=_choice("image_mode", str(v["image_mode"]), IMAGE_MODES),
+        transport=_choice("transport", str(v["transport"]), TRANSPORTS),
+        qos_depth=int(v["qos_depth"]),
+        qos_reliability=_choice("qos_reliability", str(v["qos_reliability"]), RELIABILITIES),
+        period_s=float(v["period_s"]),
+        deadline_ms=float(v["deadline_ms"]) or None,
+        prefix_cache_dir=optional("prefix_cache_dir"),
+        max_image_pixels=int(v["max_image_pixels"]),
+    )
+
+
+def as_values(params: NodeParams) -> dict[str, str | int | float]:
+    """The raw parameter values that validate() turns into params (None back to '' or 0)."""
+    out: dict[str, str | int | float] = {}
+    for spec in PARAMS:
+        value = getattr(params, spec.name)
+        out[spec.name] = spec.kind() if value is None else value
+    return out
+
+
+def apply_changes(current: NodeParams, changes: Mapping[str, Any]) -> NodeParams:
+    """current with changes made while the node runs. Raises ParamError for a read-only
+    parameter (one that shapes the model or the subscription) or a bad value."""
+    for name in changes:
+        spec = _SPECS.get(name)
+        if spec is None:
+            raise ParamError(f"unknown parameter '{name}'")
+        if not spec.runtime:
+            raise ParamError(f"parameter '{name}' can only be set at start (restart the node to change it)")
+    updated = validate({**as_values(current), **changes})
+    # Only runtime parameters changed, so everything else is exactly as it was.
+    return replace(current, **{name: getattr(updated, name) for name in changes})
