@@ -39,7 +39,26 @@ if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/
     fi
 fi
 
+# Fuzzing (test/test_fuzz.py, scripts/fuzz_long.sh): clang-14 and its runtimes (libFuzzer, ASan,
+# UBSan) from Debian build the libFuzzer harness of the GGUF reader and model loaders.
+if ! command -v clang++-14 >/dev/null || ! dpkg -s libclang-rt-14-dev >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[setup] installing clang-14 and libclang-rt-14-dev (Debian)"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-14 libclang-rt-14-dev >/dev/null
+    else
+        echo "[setup] warning: clang-14 / libclang-rt-14-dev missing (need root + apt): the fuzzing tests will fail" >&2
+    fi
+fi
+
 "$ROOT/scripts/fetch_models.sh" "$VPY"
+
+# The package in editable mode: console scripts (.venv/bin/edgevlm, edgevlm_node) that run this
+# checkout. Done once; later runs only rebuild what changed (below).
+if [ ! -x "$VENV/bin/edgevlm" ]; then
+    echo "[setup] installing edgevlm_ros (editable) into $VENV"
+    quiet_pip install --quiet --no-deps --no-build-isolation -e .
+fi
 
 echo "[setup] building the native extension"
 "$VPY" setup.py --quiet build_ext --inplace 2>&1 | { grep -v "is ignored" || true; }
