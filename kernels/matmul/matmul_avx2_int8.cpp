@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstddef>
 
 #include "../ops.h"
 
@@ -85,42 +86,73 @@ EV_AVX2 inline __m256 dot_signed(__m256i w, __m256i y) {
 // Weight rows come in place from the mapped file, at any byte alignment (general.alignment may be
 // 1): blocks are addressed as bytes and their fp16 fields loaded with load_u16, never through a
 // misaligned block struct.
-EV_AVX2 float row_q4_0(const uint8_t* w, const BlockQ8A* y, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w + b * static_cast<int64_t>(sizeof(BlockQ4_0));
-        const __m256i q = _mm256_sub_epi8(unpack_nibbles(blk + offsetof(BlockQ4_0, qs)), eight);
-        const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-        acc = _mm256_fmadd_ps(dot_signed(q, yv), _mm256_set1_ps(_cvtsh_ss(load_u16(blk + offsetof(BlockQ4_0, d))) * y[b].d), acc);
+// One block of each weight format against one activation block: the integer dot as 8 float
+// lanes, the block's scale, and (Q4_1 only) its offset m, multiplied by sum(x) via y.s.
+struct Q4_0F {
+    static constexpr int64_t kBytes = sizeof(BlockQ4_0);
+    static constexpr bool kHasMin = false;
+    EV_AVX2 static __m256 dot(const uint8_t* blk, __m256i yv) {
+        const __m256i q = _mm256_sub_epi8(unpack_nibbles(blk + offsetof(BlockQ4_0, qs)), _mm256_set1_epi8(8));
+        return dot_signed(q, yv);
     }
-    return hsum(acc);
+    EV_AVX2 static float d(const uint8_t* blk) { return _cvtsh_ss(load_u16(blk + offsetof(BlockQ4_0, d))); }
+    static float m(const uint8_t*) { return 0.f; }
+};
+
+struct Q4_1F {
+    static constexpr int64_t kBytes = sizeof(BlockQ4_1);
+    static constexpr bool kHasMin = true;
+    EV_AVX2 static __m256 dot(const uint8_t* blk, __m256i yv) {
+        // Nibbles are 0..15: maddubs takes them as its unsigned operand directly.
+        const __m256i p16 = _mm256_maddubs_epi16(unpack_nibbles(blk + offsetof(BlockQ4_1, qs)), yv);
+        return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    }
+    EV_AVX2 static float d(const uint8_t* blk) { return _cvtsh_ss(load_u16(blk + offsetof(BlockQ4_1, d))); }
+    EV_AVX2 static float m(const uint8_t* blk) { return _cvtsh_ss(load_u16(blk + offsetof(BlockQ4_1, m))); }
+};
+
+struct Q8_0F {
+    static constexpr int64_t kBytes = sizeof(BlockQ8_0);
+    static constexpr bool kHasMin = false;
+    EV_AVX2 static __m256 dot(const uint8_t* blk, __m256i yv) {
+        return dot_signed(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ8_0, qs))), yv);
+    }
+    EV_AVX2 static float d(const uint8_t* blk) { return _cvtsh_ss(load_u16(blk + offsetof(BlockQ8_0, d))); }
+    static float m(const uint8_t*) { return 0.f; }
+};
+
+// R rows at once against the same activations: the activation loads are shared and the R
+// accumulation chains are independent, so FMA latency overlaps. Each row's arithmetic is the
+// same sequence whatever R is, so results do not depend on how rows were grouped.
+template <class F, int R>
+EV_AVX2 void rows_dot(const uint8_t* const* w, const BlockQ8A* y, int64_t nb, float* out) {
+    __m256 acc[R];
+    float offs[R];
+    for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); offs[r] = 0.f; }
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = w[r] + b * F::kBytes;
+            acc[r] = _mm256_fmadd_ps(F::dot(blk, yv), _mm256_set1_ps(F::d(blk) * y[b].d), acc[r]);
+            if (F::kHasMin) offs[r] += F::m(blk) * y[b].s;
+        }
+    }
+    for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + offs[r];
 }
 
-EV_AVX2 float row_q4_1(const uint8_t* w, const BlockQ8A* y, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float offs = 0.f;  // sum over blocks of m * sum(x)
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w + b * static_cast<int64_t>(sizeof(BlockQ4_1));
-        const __m256i q = unpack_nibbles(blk + offsetof(BlockQ4_1, qs));  // 0..15: maddubs takes it as the unsigned side
-        const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-        const __m256i p16 = _mm256_maddubs_epi16(q, yv);
-        const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-        acc = _mm256_fmadd_ps(f, _mm256_set1_ps(_cvtsh_ss(load_u16(blk + offsetof(BlockQ4_1, d))) * y[b].d), acc);
-        offs += _cvtsh_ss(load_u16(blk + offsetof(BlockQ4_1, m))) * y[b].s;
+template <class F>
+EV_AVX2 void rows_range(const uint8_t* base, size_t row_bytes, int64_t r0, int64_t r1, const BlockQ8A* y, int64_t nb,
+                        float* out) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const uint8_t* w[4] = {base + r * row_bytes, base + (r + 1) * row_bytes, base + (r + 2) * row_bytes,
+                               base + (r + 3) * row_bytes};
+        rows_dot<F, 4>(w, y, nb, out + r);
     }
-    return hsum(acc) + offs;
-}
-
-EV_AVX2 float row_q8_0(const uint8_t* w, const BlockQ8A* y, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w + b * static_cast<int64_t>(sizeof(BlockQ8_0));
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ8_0, qs)));
-        const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-        acc = _mm256_fmadd_ps(dot_signed(q, yv), _mm256_set1_ps(_cvtsh_ss(load_u16(blk + offsetof(BlockQ8_0, d))) * y[b].d), acc);
+    for (; r < r1; ++r) {
+        const uint8_t* w[1] = {base + r * row_bytes};
+        rows_dot<F, 1>(w, y, nb, out + r);
     }
-    return hsum(acc);
 }
 
 }  // namespace
@@ -129,18 +161,17 @@ EV_AVX2 float row_q8_0(const uint8_t* w, const BlockQ8A* y, int64_t nb) {
 EV_AVX2 void matmul_avx2_q8act(const MatmulArgs& a) {
     BlockQ8A* yq = reinterpret_cast<BlockQ8A*>(a.scratch);
     const int64_t nb = a.k / kQK;
-    const char* base = static_cast<const char*>(a.w);
     for (int64_t t = 0; t < a.m; ++t) {
         quantize_act(a.x + t * a.x_stride, a.k, yq);
         float* y = a.y + t * a.y_stride;
-        for (int64_t r = a.row0; r < a.row1; ++r) {
-            const uint8_t* row = reinterpret_cast<const uint8_t*>(base) + static_cast<size_t>(r) * a.w_row_bytes;
-            switch (a.wtype) {
-            case DType::Q4_0: y[r] = row_q4_0(row, yq, nb); break;
-            case DType::Q4_1: y[r] = row_q4_1(row, yq, nb); break;
-            case DType::Q8_0: y[r] = row_q8_0(row, yq, nb); break;
-            default: y[r] = NAN; break;  // the table never routes other formats here
-            }
+        const uint8_t* base = static_cast<const uint8_t*>(a.w);
+        switch (a.wtype) {
+        case DType::Q4_0: rows_range<Q4_0F>(base, a.w_row_bytes, a.row0, a.row1, yq, nb, y); break;
+        case DType::Q4_1: rows_range<Q4_1F>(base, a.w_row_bytes, a.row0, a.row1, yq, nb, y); break;
+        case DType::Q8_0: rows_range<Q8_0F>(base, a.w_row_bytes, a.row0, a.row1, yq, nb, y); break;
+        default:  // the table never routes other formats here
+            for (int64_t r = a.row0; r < a.row1; ++r) y[r] = NAN;
+            break;
         }
     }
 }
