@@ -27,6 +27,9 @@ FORMAT_VERSION = 1
 # Bumped whenever the KV layout or the numerics that fill it change: old files become stale.
 ENGINE_KV_VERSION = "edgevlm-kv-1"
 MAX_HEADER = 1 << 20
+# Each of n_layer, n_past, kv_dim: far above any model's, and small enough that the arrays' shape
+# is always representable (a zero-length prefix makes a file of any n_layer and kv_dim valid).
+MAX_DIM = 1 << 24
 _HASH = 32
 
 
@@ -76,6 +79,29 @@ def save(path: Path, key: str, token_ids: Sequence[int], snapshot: Any) -> None:
     os.replace(tmp, path)
 
 
+def _is_int(v: object) -> bool:
+    return type(v) is int  # JSON integers only: not bool, not float (1e999 is inf, 2.5 is not a count)
+
+
+def _parse_header(name: str, raw: bytes) -> dict[str, Any]:
+    """The header as save() writes it, every field of its type, or PrefixCacheError."""
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deep
+        raise PrefixCacheError(f"{name}: unreadable header ({exc})") from None
+    if not isinstance(header, dict):
+        raise PrefixCacheError(f"{name}: unreadable header (not a JSON object)")
+    missing = [k for k in ("version", "key", "n_layer", "n_past", "kv_dim", "token_ids") if k not in header]
+    if missing:
+        raise PrefixCacheError(f"{name}: unreadable header (no {', '.join(missing)})")
+    if not all(_is_int(header[k]) for k in ("n_layer", "n_past", "kv_dim")):
+        raise PrefixCacheError(f"{name}: unreadable header (n_layer, n_past and kv_dim must be integers)")
+    ids = header["token_ids"]
+    if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < 1 << 31 for t in ids):
+        raise PrefixCacheError(f"{name}: unreadable header (token_ids must be a list of token ids)")
+    return header
+
+
 def load(path: Path, key: str) -> tuple[list[int], Any]:
     """(token_ids, KVSnapshot) from a cache file, or PrefixCacheError saying why not."""
     try:
@@ -92,17 +118,15 @@ def load(path: Path, key: str) -> tuple[list[int], Any]:
         if hlen > MAX_HEADER or len(head) + hlen + _HASH > size:
             raise PrefixCacheError(f"{path.name}: header length {hlen} does not fit the file")
         raw_header = f.read(hlen)
-        try:
-            header = json.loads(raw_header)
-            n_layer, n_past, kv_dim = (int(header[k]) for k in ("n_layer", "n_past", "kv_dim"))
-            version, file_key, token_ids = header["version"], header["key"], [int(t) for t in header["token_ids"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PrefixCacheError(f"{path.name}: unreadable header ({exc})") from None
-        if version != FORMAT_VERSION:
-            raise PrefixCacheError(f"{path.name}: format version {version}, expected {FORMAT_VERSION}")
+        header = _parse_header(path.name, raw_header)
+        version, file_key, token_ids = header["version"], header["key"], header["token_ids"]
+        n_layer, n_past, kv_dim = header["n_layer"], header["n_past"], header["kv_dim"]
+        if not _is_int(version) or version != FORMAT_VERSION:
+            shown = version if _is_int(version) else type(version).__name__
+            raise PrefixCacheError(f"{path.name}: format version {shown}, expected {FORMAT_VERSION}")
         if file_key != key:
             raise PrefixCacheError(f"{path.name}: stale (made for another model, prompt or engine version)")
-        if min(n_layer, n_past, kv_dim) < 0 or len(token_ids) != n_past:
+        if min(n_layer, n_past, kv_dim) < 0 or max(n_layer, n_past, kv_dim) > MAX_DIM or len(token_ids) != n_past:
             raise PrefixCacheError(f"{path.name}: inconsistent header")
         n_floats = n_layer * n_past * kv_dim
         if len(head) + hlen + 8 * n_floats + _HASH != size:

@@ -1,0 +1,166 @@
+// libFuzzer harness for the GGUF reader and the two model loaders (llama decoder, SigLIP/idefics3
+// mmproj). Built by test/test_fuzz.py and scripts/fuzz_long.sh with clang
+// -fsanitize=fuzzer,address,undefined from the same sources as the extension (buildinfo.py),
+// except native/mapped_file.cpp, which this file replaces (see below).
+//
+// One input is one file. It is written to a memfd and opened by path (/proc/self/fd/N), as the
+// engine opens model files, then:
+//   1. GGUFFile must load it or refuse it with GGUFError; nothing else may escape;
+//   2. every tensor's first and last byte and every metadata value is touched;
+//   3. LlamaModel (n_ctx 8) and ClipVisionModel are constructed from whatever loaded; each must
+//      succeed or refuse with GGUFError (their shape and key checks are fuzzed too);
+//   4. a model that was built runs once (one token, or one image tile of zeros), so the kernels
+//      meet whatever shapes and weight bytes the checks let through.
+// A crash, a sanitizer report, an escaping exception or an allocation over -malloc_limit_mb is a
+// finding: libFuzzer writes the input to crash-*/oom-* and test/fuzz_regressions keeps it.
+//
+// Over-reads: a mapping rounds the file up to a whole page, and bytes past the end of the file
+// up to that page boundary read as zeros without any fault, where ASan cannot see them either.
+// The MappedFile below therefore reads the file into a heap block of exactly its size, so
+// reading even one byte past the end is an ASan report. The block is page-aligned like a mapping,
+// so tensor data keeps the alignment it has in the engine.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../gguf.h"
+#include "../mapped_file.h"
+#include "../models/clip_vision.h"
+#include "../models/llama.h"
+
+namespace evn {
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw std::runtime_error("'" + path + "' is not a regular file");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+        void* p = nullptr;
+        if (::posix_memalign(&p, 4096, size_) != 0) {
+            ::close(fd);
+            throw std::runtime_error("out of memory");
+        }
+        size_t got = 0;
+        while (got < size_) {
+            const ssize_t r = ::pread(fd, static_cast<char*>(p) + got, size_ - got, static_cast<off_t>(got));
+            if (r <= 0) {
+                std::free(p);
+                ::close(fd);
+                throw std::runtime_error("cannot read '" + path + "'");
+            }
+            got += static_cast<size_t>(r);
+        }
+        data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+}
+
+MappedFile::~MappedFile() { std::free(const_cast<uint8_t*>(data_)); }
+
+}  // namespace evn
+
+namespace {
+
+int g_fd = -1;
+std::string g_path;
+
+void write_input(const uint8_t* data, size_t size) {
+    if (::ftruncate(g_fd, 0) != 0 || ::pwrite(g_fd, data, size, 0) != static_cast<ssize_t>(size)) {
+        std::perror("fuzz_gguf: memfd write");
+        std::abort();
+    }
+}
+
+// Sums bytes so the compiler keeps every read.
+volatile uint64_t g_sink = 0;
+
+void touch(const evn::GValue& v, int depth = 0) {
+    uint64_t s = v.u + static_cast<uint64_t>(v.i) + v.s.size() + static_cast<uint64_t>(v.f == v.f);
+    if (!v.s.empty()) s += static_cast<unsigned char>(v.s.back());
+    if (depth < 2)
+        for (const evn::GValue& e : v.arr) touch(e, depth + 1);
+    g_sink = g_sink + s;
+}
+
+void touch(const evn::GGUFFile& f) {
+    for (const auto& kv : f.metadata()) touch(kv.second);
+    for (const evn::TensorInfo& t : f.tensors()) {
+        const auto* p = static_cast<const uint8_t*>(t.data);
+        if (t.nbytes) g_sink = g_sink + p[0] + p[t.nbytes - 1];
+    }
+}
+
+void try_llama(const std::shared_ptr<const evn::GGUFFile>& f) {
+    std::unique_ptr<evn::LlamaModel> m;
+    try {
+        m = std::make_unique<evn::LlamaModel>(f, 1, 8, 4);
+    } catch (const evn::GGUFError&) {
+        return;  // refused: what a bad file must get
+    }
+    std::vector<float> logits(static_cast<size_t>(m->config().n_vocab));
+    // The last row of the embedding table, then (context allowing) a second position.
+    const int32_t last = static_cast<int32_t>(m->config().n_vocab - 1), first = 0;
+    m->forward_tokens(&last, 1, logits.data(), false);
+    if (m->n_ctx() >= 2) m->forward_tokens(&first, 1, logits.data(), false);
+    g_sink = g_sink + (logits[0] == logits[0]);
+}
+
+void try_clip(const std::shared_ptr<const evn::GGUFFile>& f) {
+    std::unique_ptr<evn::ClipVisionModel> m;
+    try {
+        m = std::make_unique<evn::ClipVisionModel>(f, 1);
+    } catch (const evn::GGUFError&) {
+        return;
+    }
+    const evn::ClipVisionConfig& c = m->config();
+    // A model too big to encode quickly is still constructed (and so checked), not run.
+    const int64_t np = c.n_patches(), d = c.n_embd;
+    const int64_t work = np * (2 * np * d + d * (3 * c.patch_size * c.patch_size + 4 * d + 2 * c.n_ff)) * c.n_layer;
+    if (work > 50'000'000) return;
+    std::vector<float> pixels(static_cast<size_t>(3 * c.image_size * c.image_size), 0.25f);
+    std::vector<float> out(static_cast<size_t>(c.n_out() * c.proj_dim));
+    m->encode(pixels.data(), out.data());
+    g_sink = g_sink + (out[0] == out[0]);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+    g_fd = ::memfd_create("fuzz_gguf", 0);
+    if (g_fd < 0) {
+        std::perror("fuzz_gguf: memfd_create");
+        std::abort();
+    }
+    g_path = "/proc/self/fd/" + std::to_string(g_fd);
+    return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    write_input(data, size);
+    std::shared_ptr<const evn::GGUFFile> f;
+    try {
+        f = std::make_shared<const evn::GGUFFile>(g_path);
+    } catch (const evn::GGUFError&) {
+        return 0;
+    }
+    touch(*f);
+    try_llama(f);
+    try_clip(f);
+    return 0;
+}

@@ -1,0 +1,467 @@
+"""Coverage-guided fuzzing of the file readers, in a short fixed-length form (the long campaign is
+scripts/fuzz_long.sh; its figures are in docs/reliability/fuzzing.md).
+
+- GGUF and mmproj: native/tests/fuzz_gguf.cpp, a libFuzzer harness built with clang
+  -fsanitize=fuzzer,address,undefined from the extension's own sources (buildinfo.py). Each input
+  goes through the GGUF reader, then LlamaModel and ClipVisionModel construction and one forward
+  step of whatever builds: each must load or refuse with GGUFError, with no sanitizer report.
+- Prefix-cache files: edgevlm_ros.prefix_cache.load under atheris (libFuzzer for Python): it must
+  return or raise PrefixCacheError (a ValueError), nothing else.
+
+Seeds (test/fuzz_seeds, each < 64 KiB) are small valid files written by our GGUF writer (a llama
+decoder and an idefics3 mmproj in every weight format the engine computes with, metadata of every
+value type), the first bytes of the real SmolLM2 file, and valid prefix-cache files. Every crash a
+campaign finds is kept in test/fuzz_regressions/<target>/ and replayed here.
+
+Also a script: `python test/test_fuzz.py build` (prints the harness path), `... seeds` (rewrites
+test/fuzz_seeds), `... prefix-cache [libFuzzer flags] [corpus dirs]` (the atheris target).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import buildinfo  # noqa: E402
+
+BUILD = ROOT / "build" / "fuzz"
+SEEDS = ROOT / "test" / "fuzz_seeds"
+REGRESSIONS = ROOT / "test" / "fuzz_regressions"
+GGUF_DICT = SEEDS / "gguf.dict"
+PREFIX_CACHE_DICT = SEEDS / "prefix_cache.dict"
+CXX = os.environ.get("EDGEVLM_FUZZ_CXX", "clang++-14")
+MAX_SEED_BYTES = 64 * 1024
+# The key every prefix-cache seed is written for, so that mutations get past the key check.
+FUZZ_KEY = "f" * 64
+
+# Short in-suite runs: fixed counts and a fixed seed, so a run is repeatable.
+GGUF_RUNS = 50_000
+PREFIX_CACHE_RUNS = 50_000
+# libFuzzer flags shared by the suite and scripts/fuzz_long.sh: a single malloc over the limit
+# is a finding (an allocation sized from an unchecked number), as is an input that runs too long.
+LIBFUZZER_FLAGS = ["-max_len=65536", "-timeout=20", "-rss_limit_mb=2560", "-malloc_limit_mb=1024",
+                   "-print_final_stats=1"]
+SANITIZER_REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|libFuzzer)"
+                              r"|runtime error:|SUMMARY: ")
+
+
+# --------------------------------------------------------------------------------------------
+# Building the harness
+
+
+def fuzzer_flags() -> list[str]:
+    name, value = buildinfo.optable_define()
+    return ["-std=c++17", "-O1", "-g", "-fno-omit-frame-pointer", *buildinfo.WARNINGS, "-Werror",
+            "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
+            *(f"-I{d}" for d in buildinfo.INCLUDE_DIRS), f"-D{name}={value}", "-pthread"]
+
+
+def fuzzer_sources() -> list[str]:
+    # The harness replaces MappedFile with an exact-size heap copy (over-reads become ASan reports).
+    return ["native/tests/fuzz_gguf.cpp", *(s for s in buildinfo.sources() if s != "native/mapped_file.cpp")]
+
+
+def build_fuzzer() -> Path:
+    """Compiles once per distinct input (sources, headers, flags, compiler); cached under build/fuzz."""
+    if shutil.which(CXX) is None:
+        pytest.fail(f"{CXX} missing: scripts/setup.sh installs clang-14 and libclang-rt-14-dev (root + apt)")
+    flags, files = fuzzer_flags(), fuzzer_sources()
+    h = hashlib.sha256(" ".join([CXX, *flags]).encode())
+    for f in files + buildinfo.headers():
+        h.update(f.encode() + (ROOT / f).read_bytes())
+    out = BUILD / f"fuzz_gguf-{h.hexdigest()[:12]}"
+    if not out.exists():
+        BUILD.mkdir(parents=True, exist_ok=True)
+        objs = BUILD / f"obj-{h.hexdigest()[:12]}"
+        objs.mkdir(exist_ok=True)
+        # One object per source, two compilers at a time (these machines have two cores).
+        procs: list[tuple[str, subprocess.Popen[str]]] = []
+        objects = []
+        for src in files:
+            obj = objs / (src.replace("/", "_") + ".o")
+            objects.append(str(obj))
+            procs.append((src, subprocess.Popen([CXX, *flags, "-c", src, "-o", str(obj)], cwd=ROOT, text=True,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+            if len([p for _, p in procs if p.poll() is None]) >= max(2, os.cpu_count() or 2):
+                _wait_first(procs)
+        for src, p in procs:
+            log, _ = p.communicate()
+            assert p.returncode == 0, f"{src} did not build:\n{log[-4000:]}"
+        tmp = out.with_suffix(".part")
+        p2 = subprocess.run([CXX, *flags, *objects, "-o", str(tmp)], cwd=ROOT, capture_output=True, text=True)
+        assert p2.returncode == 0, f"fuzz_gguf did not link:\n{p2.stderr[-4000:]}"
+        tmp.rename(out)
+        shutil.rmtree(objs, ignore_errors=True)
+    return out
+
+
+def _wait_first(procs: list[tuple[str, subprocess.Popen[str]]]) -> None:
+    running = [p for _, p in procs if p.poll() is None]
+    if running:
+        running[0].wait()
+
+
+def _check_clean(out: str) -> None:
+    m = SANITIZER_REPORT.search(out)
+    assert m is None, f"sanitizer/libFuzzer report:\n{out[max(0, m.start() - 2000): m.start() + 6000]}"
+
+
+def _final_stats(out: str) -> str:
+    done = [ln for ln in out.splitlines() if re.match(r"#\d+\s+DONE", ln)]
+    return done[-1] if done else out.strip().splitlines()[-1]
+
+
+# --------------------------------------------------------------------------------------------
+# Seeds
+
+
+def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool) -> None:
+    import numpy as np
+
+    from edgevlm_ros.gguf_writer import GGUFWriter
+
+    rng = np.random.default_rng(1)
+    d, ff, n_head, n_kv, vocab, n_layer = 32, 64, 4, 2, 40, 2
+    hd = d // n_head
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    g = GGUFWriter()
+    g.add_string("general.architecture", "llama")
+    for key, value in (("context_length", 64), ("embedding_length", d), ("feed_forward_length", ff),
+                       ("block_count", n_layer), ("attention.head_count", n_head),
+                       ("attention.head_count_kv", n_kv), ("rope.dimension_count", hd)):
+        g.add_uint32(f"llama.{key}", value)
+    g.add_float32("llama.rope.freq_base", 10000.0)
+    g.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    if rope_scaling:
+        g.add_string("llama.rope.scaling.type", "linear")
+        g.add_float32("llama.rope.scaling.factor", 2.0)
+    g.add_tensor("token_embd.weight", w(vocab, d), "q8_0")
+    if not tied:
+        g.add_tensor("output.weight", w(vocab, d), "f16")
+    g.add_tensor("output_norm.weight", 1 + w(d), "f32")
+    # Every computable format somewhere, per layer in turn ("bf16": written as f16, retyped after).
+    kinds = ["q4_0", "q4_1", "q8_0", "f16", "bf16", "f32"]
+    bf16: list[str] = []
+    for layer in range(n_layer):
+        p = f"blk.{layer}."
+        g.add_tensor(p + "attn_norm.weight", 1 + w(d), "f32")
+        g.add_tensor(p + "ffn_norm.weight", 1 + w(d), "f32")
+        for i, (name, shape) in enumerate((("attn_q", (d, d)), ("attn_k", (n_kv * hd, d)), ("attn_v", (n_kv * hd, d)),
+                                           ("attn_output", (d, d)), ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)),
+                                           ("ffn_down", (d, ff)))):
+            kind = kinds[(i + layer) % len(kinds)]
+            if kind == "bf16":
+                bf16.append(p + name + ".weight")
+            g.add_tensor(p + name + ".weight", w(*shape), "f16" if kind == "bf16" else kind)
+    g.write(path)
+    _retype_bf16(path, bf16)
+
+
+def _tiny_mmproj(path: Path, *, swapped: bool) -> None:
+    import numpy as np
+
+    from edgevlm_ros.gguf_writer import GGUFValueType, GGUFWriter
+
+    rng = np.random.default_rng(2)
+    image, patch, d, ff, n_head, n_layer, proj, scale = 16, 4, 32, 64, 4, 1, 32, 2
+    n_patches = (image // patch) ** 2
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    g = GGUFWriter()
+    g.add_string("general.architecture", "clip")
+    g.add_bool("clip.has_vision_encoder", True)
+    g.add_string("clip.projector_type", "idefics3")
+    for key, value in (("image_size", image), ("patch_size", patch), ("embedding_length", d),
+                       ("feed_forward_length", ff), ("block_count", n_layer), ("attention.head_count", n_head),
+                       ("projection_dim", proj), ("projector.scale_factor", scale)):
+        g.add_uint32(f"clip.vision.{key}", value)
+    g.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    g.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5], GGUFValueType.FLOAT32)
+    g.add_tensor("v.patch_embd.weight", w(d, 3, patch, patch), "f16")
+    g.add_tensor("v.patch_embd.bias", w(d), "f32")
+    g.add_tensor("v.position_embd.weight", w(n_patches, d), "f32")
+    g.add_tensor("v.post_ln.weight", 1 + w(d), "f32")
+    g.add_tensor("v.post_ln.bias", w(d), "f32")
+    g.add_tensor("mm.model.fc.weight", w(proj, d * scale * scale), "q4_1")
+    up, down = ("ffn_down", "ffn_up") if swapped else ("ffn_up", "ffn_down")
+    for layer in range(n_layer):
+        p = f"v.blk.{layer}."
+        for ln in ("ln1", "ln2"):
+            g.add_tensor(p + ln + ".weight", 1 + w(d), "f32")
+            g.add_tensor(p + ln + ".bias", w(d), "f32")
+        for i, name in enumerate(("attn_q", "attn_k", "attn_v", "attn_out")):
+            g.add_tensor(p + name + ".weight", w(d, d), ("q8_0", "q4_0", "f16", "f32")[i])
+            g.add_tensor(p + name + ".bias", w(d), "f32")
+        g.add_tensor(p + up + ".weight", w(ff, d), "q8_0")
+        g.add_tensor(p + up + ".bias", w(ff), "f32")
+        g.add_tensor(p + down + ".weight", w(d, ff), "q4_0")
+        g.add_tensor(p + down + ".bias", w(d), "f32")
+    g.write(path)
+    _retype_bf16(path, [f"v.blk.{layer}.attn_v.weight" for layer in range(n_layer)])
+
+
+def _retype_bf16(path: Path, names: list[str]) -> None:
+    """Our writer has no BF16: tensors written as F16 (same size) get the BF16 type id in their info."""
+    data = bytearray(path.read_bytes())
+    for name in names:
+        raw = name.encode()
+        at = data.index(struct.pack("<Q", len(raw)) + raw) + 8 + len(raw)
+        (n_dims,) = struct.unpack_from("<I", data, at)
+        type_at = at + 4 + 8 * n_dims
+        assert struct.unpack_from("<I", data, type_at) == (1,), name  # F16
+        struct.pack_into("<I", data, type_at, 30)  # BF16
+    path.write_bytes(bytes(data))
+
+
+def _every_value_type() -> bytes:
+    """Metadata of every value type (nested arrays too), alignment 1, tensors at odd offsets."""
+    import gguf_builder as gb
+
+    b = gb.GGUFBuilder(alignment=1)
+    b.add("general.alignment", gb.UINT32, 1)
+    for i, (vtype, value) in enumerate(((gb.UINT8, 7), (gb.INT8, -7), (gb.UINT16, 700), (gb.INT16, -700),
+                                        (gb.UINT32, 70000), (gb.INT32, -70000), (gb.FLOAT32, 1.5), (gb.BOOL, 1),
+                                        (gb.STRING, "héllo"), (gb.UINT64, 1 << 40), (gb.INT64, -(1 << 40)),
+                                        (gb.FLOAT64, -2.25))):
+        b.add(f"k.{i}", vtype, value)
+    b.add("k.arr", gb.ARRAY, (gb.STRING, ["a", "bc", ""]))
+    b.add("k.nested", gb.ARRAY, (gb.ARRAY, [(gb.INT32, [1, 2]), (gb.ARRAY, [(gb.UINT8, [3])])]))
+    b.add("k.empty", gb.ARRAY, (gb.FLOAT32, []))
+    b.add_tensor("t.f16", [3], gb.GGML_F16, bytes(6))
+    b.add_tensor("t.q8", [32, 1], gb.GGML_Q8_0, bytes(34))
+    b.add_tensor("t.q4_1", [32], gb.GGML_Q4_1, bytes(20))
+    return b.build()
+
+
+def _prefix_cache_file(path: Path, n_layer: int, n_past: int, kv_dim: int) -> None:
+    import numpy as np
+
+    from edgevlm_ros import _engine, prefix_cache
+
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((n_layer, n_past, kv_dim)).astype(np.float32)
+    v = rng.standard_normal((n_layer, n_past, kv_dim)).astype(np.float32)
+    prefix_cache.save(path, FUZZ_KEY, list(range(n_past)), _engine.KVSnapshot.from_arrays(k, v))
+
+
+GGUF_KEYS = [
+    "general.architecture", "general.alignment", "llama", "clip", "idefics3", "linear", "none",
+    *(f"llama.{k}" for k in ("context_length", "embedding_length", "feed_forward_length", "block_count",
+                             "attention.head_count", "attention.head_count_kv", "rope.dimension_count",
+                             "rope.freq_base", "attention.layer_norm_rms_epsilon", "rope.scaling.type",
+                             "rope.scaling.factor")),
+    "clip.has_vision_encoder", "clip.projector_type",
+    *(f"clip.vision.{k}" for k in ("image_size", "patch_size", "embedding_length", "feed_forward_length",
+                                   "block_count", "attention.head_count", "projection_dim",
+                                   "projector.scale_factor", "attention.layer_norm_epsilon")),
+    "token_embd.weight", "output.weight", "output_norm.weight", "blk.0.", "blk.1.", "v.blk.0.", "v.blk.1.",
+    *(f"{n}.weight" for n in ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                              "ffn_up", "ffn_down", "ln1", "ln2", "attn_out")),
+    *(f"{n}.bias" for n in ("ln1", "ln2", "attn_q", "attn_k", "attn_v", "attn_out", "ffn_up", "ffn_down")),
+    "v.patch_embd.weight", "v.patch_embd.bias", "v.position_embd.weight", "v.post_ln.weight", "v.post_ln.bias",
+    "mm.model.fc.weight",
+]
+
+
+# JSON the header parser may meet: the header's names and values no writer of ours produces.
+PREFIX_CACHE_TOKENS = ['"version"', '"key"', '"n_layer"', '"n_past"', '"kv_dim"', '"token_ids"', FUZZ_KEY,
+                       "Infinity", "-Infinity", "NaN", "1e999", "-1", "0", "1.5", "true", "null", "[]", "{}", "[[[[",
+                       '"1"', "18446744073709551616", "\\ud800", "\xff", "EVKVC\x00\x01\x00"]
+
+
+def _dict_escape(token: str) -> str:
+    return "".join(c if 32 <= ord(c) < 127 and c not in '"\\' else f"\\x{ord(c):02x}" for c in token)
+
+
+def write_seeds(dest: Path = SEEDS, model: Path | None = None) -> list[Path]:
+    """(Re)writes every seed; deterministic (fixed RNG seeds)."""
+    sys.path.insert(0, str(ROOT / "test"))
+    g, pc = dest / "gguf", dest / "prefix_cache"
+    g.mkdir(parents=True, exist_ok=True)
+    pc.mkdir(parents=True, exist_ok=True)
+    _tiny_llama(g / "llama_tiny.gguf", tied=False, rope_scaling=False)
+    _tiny_llama(g / "llama_tiny_tied_linear_rope.gguf", tied=True, rope_scaling=True)
+    _tiny_mmproj(g / "mmproj_tiny.gguf", swapped=False)
+    _tiny_mmproj(g / "mmproj_tiny_ffn_swapped.gguf", swapped=True)
+    (g / "every_value_type.gguf").write_bytes(_every_value_type())
+    if model is not None:
+        # The real file's opening: header, metadata and the start of the vocabulary array.
+        (g / "smollm2_head.gguf").write_bytes(model.read_bytes()[:60_000])
+    _prefix_cache_file(pc / "small.evkv", 2, 3, 4)
+    _prefix_cache_file(pc / "empty_prefix.evkv", 1, 0, 8)
+    # The same files as the harness's second reading takes them: header JSON, NUL, body.
+    for name in ("small", "empty_prefix"):
+        raw = (pc / f"{name}.evkv").read_bytes()
+        (hlen,) = struct.unpack_from("<I", raw, 8)
+        (pc / f"{name}.json0").write_bytes(raw[12:12 + hlen] + b"\0" + raw[12 + hlen:-32])
+    GGUF_DICT.write_text("".join(f'"{k}"\n' for k in GGUF_KEYS) + '"GGUF"\n', encoding="utf-8")
+    PREFIX_CACHE_DICT.write_text("".join(f'"{_dict_escape(k)}"\n' for k in PREFIX_CACHE_TOKENS), encoding="utf-8")
+    return sorted(p for p in dest.rglob("*") if p.is_file())
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+
+
+def _seed_files(sub: str) -> list[Path]:
+    return sorted(p for p in (SEEDS / sub).iterdir() if p.is_file())
+
+
+def _regression_files(sub: str) -> list[Path]:
+    d = REGRESSIONS / sub
+    return sorted(p for p in d.iterdir() if p.is_file() and p.name != "README.md") if d.is_dir() else []
+
+
+def test_seeds_are_small_and_the_valid_ones_build_models() -> None:
+    from edgevlm_ros import _engine, prefix_cache
+
+    for p in SEEDS.rglob("*"):
+        if p.is_file():
+            assert p.stat().st_size < MAX_SEED_BYTES, p
+    # The model seeds stay useful only while they pass the model checks: a seed the loaders
+    # refuse would leave the model-building code unreached by every mutation.
+    for name in ("llama_tiny.gguf", "llama_tiny_tied_linear_rope.gguf"):
+        m = _engine.LlamaModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1, n_ctx=8)
+        assert m.config["n_layer"] == 2
+    for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
+        _engine.ClipVisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
+    for p in _seed_files("prefix_cache"):
+        if p.suffix == ".evkv":
+            ids, _snap = prefix_cache.load(p, FUZZ_KEY)
+
+
+def test_gguf_and_model_loaders_short_fuzz_run(tmp_path: Path) -> None:
+    exe = build_fuzzer()
+    corpus = tmp_path / "corpus"  # new inputs go here; the committed seeds are read only
+    corpus.mkdir()
+    cmd = [str(exe), "-seed=1", f"-runs={GGUF_RUNS}", f"-dict={GGUF_DICT}", *LIBFUZZER_FLAGS,
+           f"-artifact_prefix={tmp_path}/", str(corpus), str(SEEDS / "gguf")]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = p.stdout + p.stderr
+    crashes = sorted(tmp_path.glob("crash-*")) + sorted(tmp_path.glob("oom-*")) + sorted(tmp_path.glob("timeout-*"))
+    assert p.returncode == 0 and not crashes, (
+        f"fuzz_gguf found a crash ({[c.name for c in crashes]}): fix it and add the input to "
+        f"test/fuzz_regressions/gguf/\n{out[-6000:]}")
+    _check_clean(out)
+    print(_final_stats(out))
+
+
+def test_gguf_regressions_replay() -> None:
+    files = _regression_files("gguf")
+    assert files, "test/fuzz_regressions/gguf is empty"
+    exe = build_fuzzer()
+    # Given files (not directories), libFuzzer runs each once and stops at the first failure.
+    p = subprocess.run([str(exe), *LIBFUZZER_FLAGS, *map(str, files)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    _check_clean(out)
+    assert out.count("Executed ") == len(files), out[-3000:]
+
+
+def test_prefix_cache_reader_short_fuzz_run(tmp_path: Path) -> None:
+    pytest.importorskip("atheris", reason="atheris (requirements-test.txt) is not installed")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "prefix-cache", "-seed=1", f"-runs={PREFIX_CACHE_RUNS}",
+           "-max_len=4096", "-timeout=20", f"-dict={PREFIX_CACHE_DICT}", "-print_final_stats=1",
+           f"-artifact_prefix={tmp_path}/", str(corpus), str(SEEDS / "prefix_cache")]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    out = p.stdout + p.stderr
+    crashes = sorted(tmp_path.glob("crash-*")) + sorted(tmp_path.glob("timeout-*"))
+    assert p.returncode == 0 and not crashes, (
+        f"prefix_cache.load raised something other than PrefixCacheError ({[c.name for c in crashes]}): fix it "
+        f"and add the input to test/fuzz_regressions/prefix_cache/\n{out[-6000:]}")
+    print(_final_stats(out))
+
+
+@pytest.mark.parametrize("path", _regression_files("prefix_cache"), ids=lambda p: p.name)
+def test_prefix_cache_regressions_replay(path: Path, tmp_path: Path) -> None:
+    """Each regression input, read both ways the harness reads it: loads or PrefixCacheError."""
+    from edgevlm_ros import prefix_cache
+
+    for i, data in enumerate(prefix_cache_readings(path.read_bytes())):
+        f = tmp_path / f"reading{i}.evkv"
+        f.write_bytes(data)
+        try:
+            prefix_cache.load(f, FUZZ_KEY)
+        except prefix_cache.PrefixCacheError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------
+# The atheris target (run as a script, in its own process: atheris.Fuzz() never returns)
+
+
+def prefix_cache_readings(data: bytes) -> list[bytes]:
+    """The files one fuzz input stands for:
+    1. the bytes as they are;
+    2. the bytes as "header JSON, NUL, body", framed as a writer would (magic, header length,
+       sha256). A mutation of the header text that changes its length, or of the body, then reaches
+       the checks behind the framing and the checksum instead of stopping at them."""
+    from edgevlm_ros import prefix_cache
+
+    header, _, body = data.partition(b"\0")
+    head = prefix_cache.MAGIC + struct.pack("<I", len(header)) + header + body
+    return [data, head + hashlib.sha256(head).digest()]
+
+
+def _prefix_cache_main(argv: list[str]) -> None:
+    import atheris
+
+    with atheris.instrument_imports(include=["edgevlm_ros.prefix_cache"]):
+        from edgevlm_ros import prefix_cache
+    fd = os.memfd_create("fuzz_prefix_cache")
+    path = Path(f"/proc/self/fd/{fd}")
+
+    def load(data: bytes) -> None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        try:
+            prefix_cache.load(path, FUZZ_KEY)
+        except prefix_cache.PrefixCacheError:
+            pass
+
+    def one_input(data: bytes) -> None:
+        for file in prefix_cache_readings(data):
+            load(file)
+
+    atheris.Setup([argv[0], *argv[1:]], one_input)
+    atheris.Fuzz()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[1] == "build":
+        print(build_fuzzer())
+        return 0
+    if len(argv) >= 2 and argv[1] == "seeds":
+        model = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        for p in write_seeds(model=model if model.exists() else None):
+            print(f"{p.stat().st_size:7d}  {p.relative_to(ROOT)}")
+        return 0
+    if len(argv) >= 2 and argv[1] == "prefix-cache":
+        _prefix_cache_main([argv[0], *argv[2:]])
+        return 0
+    print(__doc__)
+    print("usage: test_fuzz.py build | seeds | prefix-cache [libFuzzer flags] [corpus dirs]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
