@@ -12,6 +12,18 @@ Topics (relative, so a namespace or a remap moves them all):
   in   image (sensor_msgs/Image) or, with transport=compressed, image/compressed
   out  description (std_msgs/String), latency/<stage>_ms (std_msgs/Float64) for stage in
        preprocess, vision, prefill, decode, total, age; /diagnostics (diagnostic_msgs/DiagnosticArray)
+
+Faults are reported once and survived: a frame that cannot be converted or that the engine fails
+on gives one ERROR log line and one ERROR diagnostic stamped with that frame's stamp, publishes no
+description, and the worker goes on with the next frame (the engine restores its KV state for
+every frame, so a generation that failed half-way leaves nothing behind). The model files are
+mapped at start and watched by the heartbeat: deleted, replaced or modified on disk, the node
+says so once and keeps serving what it loaded.
+
+Test hook (for test/test_faults.py only, inert unless set): the environment variable
+EDGEVLM_TEST_FAULT=raise_in_decode:<frame_id> makes every frame whose header.frame_id is
+<frame_id> fail in the middle of its generation (half its token budget decoded, then an
+exception from the decoder). The node logs a warning at start while the hook is set.
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ import os  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import rclpy  # noqa: E402
@@ -61,6 +75,10 @@ STOP_GRACE_S = 0.5
 # must not bury the log), with a count of the repeats.
 REPEAT_LOG_S = 5.0
 
+# The test hook's environment variable (see the module docstring); read by this module only.
+TEST_FAULT_ENV = "EDGEVLM_TEST_FAULT"
+TEST_FAULT_KINDS = ("raise_in_decode",)
+
 OUTPUT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                         durability=DurabilityPolicy.VOLATILE)
 
@@ -75,6 +93,78 @@ def _describe_message(msg: Image | CompressedImage) -> str:
     if isinstance(msg, Image):
         return f"{msg.width}x{msg.height} {msg.encoding}"
     return f"{msg.format or 'compressed'} ({len(msg.data)} bytes)"
+
+
+def parse_test_fault(value: str) -> str:
+    """The frame_id that EDGEVLM_TEST_FAULT=raise_in_decode:<frame_id> names. Raises ParamError."""
+    kind, sep, frame_id = value.strip().partition(":")
+    if kind not in TEST_FAULT_KINDS or not sep or not frame_id.strip():
+        raise ParamError(f"{TEST_FAULT_ENV}={value!r} is not a test fault (expected raise_in_decode:<frame_id>); "
+                         f"unset it outside tests")
+    return frame_id.strip()
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the test hook only."""
+
+
+class _DecodeFaultHook:
+    """TEST HOOK (EDGEVLM_TEST_FAULT), installed only when that variable is set: stands in for the
+    engine's native decoder and passes every call through, except that a generation started while
+    `armed` decodes half its token budget for real and then raises, as a decoder failing half-way
+    would (the KV cache is left holding a half-finished answer)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, prompt: Any, max_new_tokens: int, stop_ids: Any, max_ms: float = 0.0) -> Any:
+        if not self.armed:
+            return self._engine.generate(prompt, max_new_tokens, stop_ids, max_ms)
+        partial = self._engine.generate(prompt, max(1, max_new_tokens // 2), stop_ids, max_ms)
+        raise InjectedFault(f"injected by the test hook {TEST_FAULT_ENV} after {len(partial['tokens'])} "
+                            f"decoded tokens")
+
+
+@dataclass
+class _WatchedFile:
+    """A model file mapped at start, and what the heartbeat last saw on disk."""
+
+    label: str  # "model" or "mmproj"
+    path: Path
+    identity: tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns at load
+    state: str = "ok"  # ok | deleted | replaced | modified
+
+    def look(self) -> str:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return "deleted"
+        if (st.st_dev, st.st_ino) != self.identity[:2]:
+            return "replaced"
+        return "ok" if (st.st_size, st.st_mtime_ns) == self.identity[2:] else "modified"
+
+
+def _watch(label: str, path: str | os.PathLike[str]) -> _WatchedFile:
+    resolved = Path(path).resolve()
+    st = os.stat(resolved)
+    return _WatchedFile(label, resolved, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+# What each state of a model file means for the node, and the level it is reported at.
+_FILE_STATES: dict[str, tuple[bytes, str]] = {
+    "ok": (DiagnosticStatus.OK, "is back as it was loaded"),
+    "deleted": (DiagnosticStatus.ERROR, "was deleted while the node runs: still serving the copy mapped at start, "
+                                        "but a restart will fail"),
+    "replaced": (DiagnosticStatus.WARN, "was replaced on disk: still serving the file loaded at start; restart "
+                                        "to load the new one"),
+    "modified": (DiagnosticStatus.ERROR, "was modified in place while mapped: descriptions may be wrong from now "
+                                         "on and reading a truncated file crashes the process; replace model files "
+                                         "by renaming a new file over them, then restart"),
+}
 
 
 class EdgeVlmNode(Node):
@@ -100,6 +190,10 @@ class EdgeVlmNode(Node):
         self._last_error_logged = 0.0
         self._error_repeats = 0
         self._warned_zero_stamp = False
+        self._n_ctx: int | None = None  # the engine's context size, once loaded: bounds max_new_tokens
+        self._fault_hook: _DecodeFaultHook | None = None
+        self._fault_frame_id: str | None = None
+        self._model_files: list[_WatchedFile] = []
         # "robot1/edgevlm: frame": the full name keeps several nodes apart in rqt_runtime_monitor.
         self._diag_name = self.get_fully_qualified_name().lstrip("/")
 
@@ -132,10 +226,20 @@ class EdgeVlmNode(Node):
         if not changes:
             return SetParametersResult(successful=True)
         try:
-            self._pending = apply_changes(self.params, changes)
+            pending = apply_changes(self.params, changes)
+            self._check_token_budget(pending.max_new_tokens)
         except ParamError as exc:
+            self.get_logger().warning(f"parameter change refused: {exc}")
             return SetParametersResult(successful=False, reason=str(exc))
+        self._pending = pending
         return SetParametersResult(successful=True)
+
+    def _check_token_budget(self, max_new_tokens: int) -> None:
+        """More tokens than the context holds can never be generated; the engine would also
+        reserve room for all of them up front (10^12 tokens: an allocation failure per frame)."""
+        if self._n_ctx is not None and max_new_tokens > self._n_ctx:
+            raise ParamError(f"parameter 'max_new_tokens' must be <= {self._n_ctx} (the engine's context size), "
+                             f"got {max_new_tokens}")
 
     def _apply_parameters(self, parameters: list[Parameter]) -> None:
         if self._pending is not None:
@@ -149,9 +253,20 @@ class EdgeVlmNode(Node):
         from .vlm import load_vlm  # here, so a bad parameter fails before the engine is imported
 
         p = self.params
+        fault = os.environ.get(TEST_FAULT_ENV)
+        fault_frame_id = parse_test_fault(fault) if fault is not None else None  # a bad value fails before loading
         t0 = time.perf_counter()
         self._vlm = load_vlm(p.model, p.mmproj, threads=p.threads, image_mode=p.image_mode,
                              system_prompt=p.system_prompt, prefix_cache_dir=p.prefix_cache_dir)
+        self._n_ctx = int(self._vlm.text.native.n_ctx)
+        self._check_token_budget(p.max_new_tokens)
+        self._model_files = [_watch("model", self._vlm.text.path), _watch("mmproj", self._vlm.mmproj_path)]
+        if fault_frame_id is not None:
+            self._fault_frame_id = fault_frame_id
+            self._fault_hook = _DecodeFaultHook(self._vlm.text.native)
+            self._vlm.text.native = self._fault_hook
+            self.get_logger().warning(f"TEST HOOK {TEST_FAULT_ENV}={fault} is set: frames with frame_id "
+                                      f"'{self._fault_frame_id}' will fail on purpose (never set it on a robot)")
         self._prefix_status = str(self._vlm.prefix_cache_status)
         if self._prefix_status.startswith("rebuilt"):
             self.get_logger().warning(f"prefix cache {self._prefix_status}")
@@ -217,6 +332,8 @@ class EdgeVlmNode(Node):
             self._frame_failed(msg, f"bad image message ({_describe_message(msg)}): {exc}")
             return
         convert_ms = (time.perf_counter() - t0) * 1e3
+        if self._fault_hook is not None:
+            self._fault_hook.armed = msg.header.frame_id == self._fault_frame_id
         try:
             result = self._vlm.describe(rgb, p.prompt, p.max_new_tokens, deadline_ms=p.deadline_ms)
         except Exception as exc:  # an engine failure is reported per frame, not fatal
@@ -312,8 +429,28 @@ class EdgeVlmNode(Node):
                                   values=values + self._counter_values())
         self._publish_diagnostics(DiagnosticArray(header=msg.header, status=[status]))
 
+    def _check_model_files(self) -> None:
+        """Reports, once per change, a model file deleted, replaced or modified since it was loaded."""
+        for f in self._model_files:
+            state = f.look()
+            if state == f.state:
+                continue
+            f.state = state
+            level, meaning = _FILE_STATES[state]
+            text = f"{f.label} file {f.path} {meaning}"
+            log = {DiagnosticStatus.OK: self.get_logger().info, DiagnosticStatus.WARN: self.get_logger().warning}
+            log.get(level, self.get_logger().error)(text)
+            status = DiagnosticStatus(level=level, name=f"{self._diag_name}: model files", message=text,
+                                      hardware_id=self.get_fully_qualified_name(),
+                                      values=[*(_kv(f"{w.label}_file", f"{w.state}: {w.path}")
+                                                for w in self._model_files), *self._counter_values()])
+            array = DiagnosticArray(status=[status])
+            array.header.stamp = self.get_clock().now().to_msg()
+            self._publish_diagnostics(array)
+
     def _publish_heartbeat(self) -> None:
         """The worker's state once a second, so a monitor shows a stuck or starved node too."""
+        self._check_model_files()
         busy_since = self._slot.busy_since
         counts = self._slot.counts()
         if busy_since is not None:
@@ -329,7 +466,8 @@ class EdgeVlmNode(Node):
             values=[_kv("state", state), *self._counter_values(), _kv("prefix_cache", self._prefix_status),
                     _kv("image_mode", p.image_mode), _kv("max_new_tokens", p.max_new_tokens),
                     _kv("deadline_ms", p.deadline_ms or 0.0), _kv("period_s", p.period_s),
-                    _kv("topic", self._sub.topic_name)],
+                    _kv("topic", self._sub.topic_name),
+                    *(_kv(f"{f.label}_file", f.state) for f in self._model_files)],
         )
         array = DiagnosticArray(status=[status])
         array.header.stamp = self.get_clock().now().to_msg()

@@ -89,7 +89,7 @@ class VisionLanguageModel:
         before, after = self._render(prompt).split(IMAGE_TOKEN, 1)
         tok = self.text.tokenizer
         rest = tok.encode(expand_image_prompt(rows, cols, self.preprocess_config.image_seq_len) + after, add_bos=False)
-        if before == self.prefix_text:
+        if before == self.prefix_text and self.prefix.snapshot is not None:
             return list(self.prefix.token_ids), rest
         return tok.encode(before, add_bos=False), rest
 

@@ -32,8 +32,37 @@ py::object to_python(const GValue& v) {
         return py::reinterpret_steal<py::object>(s);
     }
     case GType::ARRAY: {
-        py::list l(v.arr.size());
-        for (size_t i = 0; i < v.arr.size(); ++i) l[i] = to_python(v.arr[i]);
+        const size_t n = v.count();
+        py::list l(n);
+        if (v.elem_type == GType::ARRAY) {
+            for (size_t i = 0; i < n; ++i) l[i] = to_python(v.arr[i]);
+        } else if (v.elem_type == GType::STRING) {
+            for (size_t i = 0; i < n; ++i) {
+                GValue e;
+                e.type = GType::STRING;
+                e.s = v.strs[i];
+                l[i] = to_python(e);
+            }
+        } else {
+            const size_t w = static_cast<size_t>(gtype_size(v.elem_type));
+            for (size_t i = 0; i < n; ++i) {
+                const uint8_t* p = v.raw.data() + i * w;
+                GValue e;
+                e.type = v.elem_type;
+                uint64_t bits = 0;
+                std::memcpy(&bits, p, w);
+                switch (v.elem_type) {
+                case GType::I8: e.i = static_cast<int8_t>(bits); break;
+                case GType::I16: e.i = static_cast<int16_t>(bits); break;
+                case GType::I32: e.i = static_cast<int32_t>(bits); break;
+                case GType::I64: e.i = static_cast<int64_t>(bits); break;
+                case GType::F32: { float x; std::memcpy(&x, p, 4); e.f = x; break; }
+                case GType::F64: { double x; std::memcpy(&x, p, 8); e.f = x; break; }
+                default: e.u = bits; break;  // unsigned ints and bool
+                }
+                l[i] = to_python(e);
+            }
+        }
         return std::move(l);
     }
     }

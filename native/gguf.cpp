@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -73,6 +74,11 @@ public:
         pos_ += static_cast<size_t>(len);
         return s;
     }
+    void read_bytes(void* dst, uint64_t n, const std::string& field) {
+        need(n, field);
+        if (n) std::memcpy(dst, p_ + pos_, static_cast<size_t>(n));
+        pos_ += static_cast<size_t>(n);
+    }
     void need(uint64_t bytes, const std::string& field) const {
         if (bytes > remaining())
             f_.fail(field, "needs " + std::to_string(bytes) + " bytes at offset " + std::to_string(pos_) +
@@ -116,8 +122,20 @@ void read_value(Cursor& c, const GGUFFile& f, GType type, const std::string& key
         if (count > c.remaining() / min_size(static_cast<GType>(et)))
             f.fail(key, "array count " + std::to_string(count) + " exceeds what the file can hold");
         out.elem_type = static_cast<GType>(et);
-        out.arr.resize(static_cast<size_t>(count));
-        for (uint64_t k = 0; k < count; ++k) read_value(c, f, out.elem_type, key, depth + 1, out.arr[k]);
+        if (out.elem_type == GType::STRING) {
+            out.strs.reserve(static_cast<size_t>(count));
+            for (uint64_t k = 0; k < count; ++k) out.strs.push_back(c.read_string(key, kMaxStringLen));
+        } else if (out.elem_type == GType::ARRAY) {
+            out.arr.resize(static_cast<size_t>(count));
+            for (uint64_t k = 0; k < count; ++k) read_value(c, f, out.elem_type, key, depth + 1, out.arr[k]);
+        } else {
+            const uint64_t bytes = count * gtype_size(out.elem_type);  // count <= remaining: no overflow
+            out.raw.resize(static_cast<size_t>(bytes));
+            c.read_bytes(out.raw.data(), bytes, key + " (array data)");
+            if (out.elem_type == GType::BOOL)
+                for (uint8_t b : out.raw)
+                    if (b > 1) f.fail(key, "bool value " + std::to_string(b) + " is neither 0 nor 1");
+        }
         break;
     }
     }
@@ -126,6 +144,23 @@ void read_value(Cursor& c, const GGUFFile& f, GType type, const std::string& key
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
 
 }  // namespace
+
+uint64_t gtype_size(GType t) {
+    switch (t) {
+    case GType::U8: case GType::I8: case GType::BOOL: return 1;
+    case GType::U16: case GType::I16: return 2;
+    case GType::U32: case GType::I32: case GType::F32: return 4;
+    case GType::U64: case GType::I64: case GType::F64: return 8;
+    default: return 0;
+    }
+}
+
+size_t GValue::count() const {
+    if (type != GType::ARRAY) return 0;
+    if (elem_type == GType::STRING) return strs.size();
+    if (elem_type == GType::ARRAY) return arr.size();
+    return raw.size() / gtype_size(elem_type);
+}
 
 const char* gtype_name(GType t) {
     static const char* names[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
@@ -164,7 +199,7 @@ GGUFFile::GGUFFile(const std::string& path) {
     if (n_kv > c.remaining() / 12) fail("metadata_kv_count", std::to_string(n_kv) + " exceeds what the file can hold");
     if (n_tensors > c.remaining() / 24) fail("tensor_count", std::to_string(n_tensors) + " exceeds what the file can hold");
 
-    kv_.reserve(static_cast<size_t>(n_kv));
+    kv_.reserve(static_cast<size_t>(std::min<uint64_t>(n_kv, 4096)));  // a count is a claim, not a size
     for (uint64_t k = 0; k < n_kv; ++k) {
         std::string key = c.read_string("metadata key #" + std::to_string(k), kMaxNameLen);
         if (!valid_utf8(key)) fail("metadata key #" + std::to_string(k), "not valid UTF-8");
@@ -183,7 +218,7 @@ GGUFFile::GGUFFile(const std::string& path) {
         alignment_ = a->u;
     }
 
-    tensors_.reserve(static_cast<size_t>(n_tensors));
+    tensors_.reserve(static_cast<size_t>(std::min<uint64_t>(n_tensors, 4096)));
     for (uint64_t k = 0; k < n_tensors; ++k) {
         TensorInfo ti;
         ti.name = c.read_string("tensor #" + std::to_string(k) + " name", kMaxNameLen);

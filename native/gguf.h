@@ -33,8 +33,15 @@ struct GValue {
     int64_t i = 0;                // signed ints
     double f = 0.0;               // floats
     std::string s;
+    // Arrays are stored compactly, never one GValue per element, so a hostile file cannot turn a
+    // few MB of uint8 elements into GBs: numeric and bool elements as their raw little-endian
+    // bytes, strings as strings, and only nested arrays as GValues.
+    std::vector<uint8_t> raw;
+    std::vector<std::string> strs;
     std::vector<GValue> arr;
+    size_t count() const;  // elements of an array
 };
+uint64_t gtype_size(GType t);  // bytes of one numeric or bool element; 0 for strings and arrays
 
 struct TensorInfo {
     std::string name;

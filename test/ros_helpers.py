@@ -64,6 +64,10 @@ def require_vlm() -> None:
         raise
 
 
+# Pairs whose lock this process holds (shared) until the end of the test session.
+_HELD_PAIRS: dict[Path, tuple[Path, Path]] = {}
+
+
 @pytest.fixture(scope="session", name="vlm_pair")
 def vlm_pair_fixture() -> Iterator[tuple[Path, Path]]:
     """(text GGUF, mmproj GGUF) of a random SmolVLM, built once and cached under MODEL_CACHE.
@@ -90,6 +94,11 @@ def vlm_pair_fixture() -> Iterator[tuple[Path, Path]]:
     for module in (hf_fixtures, convert_module):
         digest.update(Path(module.__file__).read_bytes())
     out = MODEL_CACHE / f"smolvlm-{digest.hexdigest()[:16]}"
+    if out in _HELD_PAIRS:
+        # Every module that imports this fixture gets a session fixture of its own: the first one
+        # built the pair and holds its lock for the session; taking it again would deadlock.
+        yield _HELD_PAIRS[out]
+        return
     out.mkdir(parents=True, exist_ok=True)
     marker = out / "pair.json"
     # Concurrent test runs on one machine build it once: the second waits for the first.
@@ -104,7 +113,11 @@ def vlm_pair_fixture() -> Iterator[tuple[Path, Path]]:
         # Held shared for the whole session: another run's pruning leaves these files alone.
         fcntl.flock(lock, fcntl.LOCK_SH)
         _prune_stale_pairs(keep=out)
-        yield Path(text), Path(mmproj)
+        _HELD_PAIRS[out] = (Path(text), Path(mmproj))
+        try:
+            yield Path(text), Path(mmproj)
+        finally:
+            del _HELD_PAIRS[out]
 
 
 def _build_pair(out: Path, hf_fixtures: Any, convert_module: Any) -> tuple[Path, Path]:

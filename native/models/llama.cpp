@@ -209,7 +209,9 @@ void LlamaModel::generate(const int32_t* prompt, int64_t n_prompt, int64_t max_n
                           double max_ms, GenerateResult& out) {
     const Clock::time_point t0 = Clock::now();
     out.tokens.clear();
-    out.tokens.reserve(static_cast<size_t>(std::max<int64_t>(0, max_new)));
+    // Never more tokens than the context can still hold: a huge budget must not become a huge
+    // reservation (the loop stops with "context_full" first).
+    out.tokens.reserve(static_cast<size_t>(std::clamp<int64_t>(max_new, 0, n_ctx_ - n_past_ + 1)));
     out.n_prompt = n_prompt;
     out.stop_reason = "max_tokens";
     if (n_prompt > 0) forward_tokens(prompt, n_prompt, logits_.data(), false);

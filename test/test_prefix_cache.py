@@ -1,0 +1,353 @@
+"""Prefix-cache files (edgevlm_ros/prefix_cache.py) as untrusted input (issue 7, item 5): a file is
+checked (magic, size, header, version, key, hash) before any of it is used, a bad one is refused
+with the reason and rebuilt by the caller, and nothing in a file is ever unpickled or executed.
+
+The layout is written again here, independently of save(), so that the tests can make files that
+are wrong in exactly one way (the right hash over a wrong version, say).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import marshal
+import pickle
+import struct
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgevlm_ros import _engine, prefix_cache
+from edgevlm_ros.prefix_cache import PrefixCacheError
+
+KEY = "0" * 64
+HEADER_KEYS = ("version", "key", "n_layer", "n_past", "kv_dim", "token_ids")
+
+
+def snapshot(n_layer: int = 2, n_past: int = 3, kv_dim: int = 4, seed: int = 0) -> Any:
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((n_layer, n_past, kv_dim)).astype(np.float32)
+    v = rng.standard_normal((n_layer, n_past, kv_dim)).astype(np.float32)
+    return _engine.KVSnapshot.from_arrays(k, v)
+
+
+def build(header: dict[str, Any] | bytes, body: bytes, *, magic: bytes = prefix_cache.MAGIC,
+          digest: bytes | None = None) -> bytes:
+    """A cache file: magic, header length, header, body, sha256 of all before (or `digest`)."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    head = magic + struct.pack("<I", len(raw)) + raw + body
+    return head + (hashlib.sha256(head).digest() if digest is None else digest)
+
+
+def good_parts(n_layer: int = 2, n_past: int = 3, kv_dim: int = 4) -> tuple[dict[str, Any], bytes]:
+    header = {"version": prefix_cache.FORMAT_VERSION, "key": KEY, "n_layer": n_layer, "n_past": n_past,
+              "kv_dim": kv_dim, "token_ids": list(range(10, 10 + n_past))}
+    body = np.arange(2 * n_layer * n_past * kv_dim, dtype="<f4").tobytes()
+    return header, body
+
+
+def refused(path: Path, data: bytes, key: str = KEY) -> str:
+    path.write_bytes(data)
+    with pytest.raises(PrefixCacheError) as info:
+        prefix_cache.load(path, key)
+    return str(info.value)
+
+
+# -- files written by save() -----------------------------------------------------------------------
+def test_round_trip(tmp_path: Path) -> None:
+    snap = snapshot()
+    path = tmp_path / "deep" / "er" / "prefix.evkv"
+    prefix_cache.save(path, KEY, [5, 6, 7], snap)
+    ids, loaded = prefix_cache.load(path, KEY)
+    assert ids == [5, 6, 7]
+    for a, b in zip(snap.arrays(), loaded.arrays(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [p.name for p in path.parent.iterdir()] == ["prefix.evkv"]  # no temporary file left
+    # The reference layout above is the one save() writes.
+    header = {"version": 1, "key": KEY, "n_layer": 2, "n_past": 3, "kv_dim": 4, "token_ids": [5, 6, 7]}
+    k, v = snap.arrays()
+    assert path.read_bytes() == build(header, k.astype("<f4").tobytes() + v.astype("<f4").tobytes())
+
+
+def test_an_empty_prefix_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "empty.evkv"
+    prefix_cache.save(path, KEY, [], snapshot(n_past=0))
+    ids, loaded = prefix_cache.load(path, KEY)
+    assert ids == [] and loaded.n_past == 0
+
+
+# -- size ------------------------------------------------------------------------------------------
+def test_wrong_size(tmp_path: Path) -> None:
+    header, body = good_parts()
+    data = build(header, body)
+    assert "does not match its header" in refused(tmp_path / "long.evkv", data + b"\0")
+    # A body one float short, under a hash that is right for it: the size is what is wrong.
+    assert "does not match its header" in refused(tmp_path / "short.evkv", build(header, body[:-4]))
+    # A header that claims more floats than the file holds.
+    assert "does not match its header" in refused(tmp_path / "claims.evkv", build({**header, "kv_dim": 5}, body))
+
+
+def test_truncated_at_every_length(tmp_path: Path) -> None:
+    header, body = good_parts()
+    data = build(header, body)
+    path = tmp_path / "cut.evkv"
+    messages = {n: refused(path, data[:n]) for n in range(len(data))}
+    assert messages[0] == "cut.evkv: truncated (0 bytes)"
+    assert "truncated" in messages[len(prefix_cache.MAGIC) + 4 + 31]
+    assert "does not fit the file" in messages[len(prefix_cache.MAGIC) + 4 + 32]  # the header cut off
+    assert "does not match its header" in messages[len(data) - 1]
+
+
+def test_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(PrefixCacheError, match="no cache file"):
+        prefix_cache.load(tmp_path / "absent.evkv", KEY)
+
+
+# -- hash --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["body", "digest", "header_token", "header_shape"])
+def test_bad_hash(tmp_path: Path, where: str) -> None:
+    header, body = good_parts()
+    data = bytearray(build(header, body))
+    start_body = len(data) - 32 - len(body)
+    if where == "body":
+        data[start_body + 5] ^= 0x01  # one bit of one float
+    elif where == "digest":
+        data[-1] ^= 0x80
+    elif where == "header_token":
+        # Token id 10 -> 19: still valid JSON of the same length, so only the hash can tell.
+        i = bytes(data).index(b"[10, ")
+        data[i + 2] = ord("9")
+    else:
+        # n_layer and n_past swapped (2 x 3 -> 3 x 2, the same number of floats) with token ids to
+        # match: a consistent header of the same length, which only the hash tells from the original.
+        swapped = {**header, "n_layer": 3, "n_past": 2, "token_ids": [10, 11]}
+        raw = json.dumps(swapped).encode().ljust(len(json.dumps(header)), b" ")
+        data = bytearray(build(raw, body, digest=bytes(data[-32:])))
+    message = refused(tmp_path / "hash.evkv", bytes(data))
+    assert "checksum mismatch (corrupt)" in message
+
+
+# -- version, magic, header ----------------------------------------------------------------------------
+@pytest.mark.parametrize("version", [0, 2, 2**40, "1", 1.0, True, None, [1]])
+def test_wrong_version(tmp_path: Path, version: Any) -> None:
+    header, body = good_parts()
+    message = refused(tmp_path / "v.evkv", build({**header, "version": version}, body))
+    assert "format version" in message and "expected 1" in message, message
+
+
+def test_bad_magic(tmp_path: Path) -> None:
+    header, body = good_parts()
+    for magic in (b"EVKVC\x00\x02\x00", b"GGUF\x03\x00\x00\x00", b"\x00" * 8):
+        assert "bad magic" in refused(tmp_path / "m.evkv", build(header, body, magic=magic))
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"n_layer": -1}, "inconsistent header"),
+    ({"n_past": 4}, "inconsistent header"),  # 3 token ids for 4 positions
+    ({"token_ids": [1, 2, -3]}, "unreadable header"),
+    ({"token_ids": "abc"}, "unreadable header"),
+    ({"kv_dim": 4.0}, "unreadable header"),
+    ({"n_layer": "2"}, "unreadable header"),
+    ({"key": None}, "stale"),
+])
+def test_inconsistent_or_mistyped_header(tmp_path: Path, change: dict[str, Any], fragment: str) -> None:
+    header, body = good_parts()
+    assert fragment in refused(tmp_path / "h.evkv", build({**header, **change}, body))
+
+
+@pytest.mark.parametrize("missing", HEADER_KEYS)
+def test_header_without_a_field(tmp_path: Path, missing: str) -> None:
+    header, body = good_parts()
+    del header[missing]
+    assert "unreadable header" in refused(tmp_path / "h.evkv", build(header, body))
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[1, 2]", b"\xff\xfe", b"[" * 100000 + b"]" * 100000, b"null"])
+def test_header_that_is_not_a_json_object(tmp_path: Path, raw: bytes) -> None:
+    _, body = good_parts()
+    message = refused(tmp_path / "j.evkv", build(raw, body))
+    assert "unreadable header" in message or "does not fit" in message, message
+
+
+def test_header_length_beyond_the_limit(tmp_path: Path) -> None:
+    data = prefix_cache.MAGIC + struct.pack("<I", 0xFFFFFFFF) + bytes(64)
+    assert "header length 4294967295 does not fit the file" in refused(tmp_path / "l.evkv", data)
+
+
+def test_absurd_dimensions_are_refused_before_reading_the_body(tmp_path: Path) -> None:
+    """A header claiming 2^40 x 2^40 x 2^40 floats over a small file: refused from the numbers,
+    with no allocation of its size."""
+    header, body = good_parts()
+    path = tmp_path / "huge.evkv"
+    path.write_bytes(build({**header, "n_layer": 2**40, "n_past": 3, "kv_dim": 2**40}, body))
+    tracemalloc.start()
+    try:
+        with pytest.raises(PrefixCacheError, match="inconsistent header|does not match its header"):
+            prefix_cache.load(path, KEY)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+# -- key ---------------------------------------------------------------------------------------------------
+def test_stale_key(tmp_path: Path) -> None:
+    path = tmp_path / "p.evkv"
+    prefix_cache.save(path, KEY, [1, 2, 3], snapshot())
+    with pytest.raises(PrefixCacheError, match="stale"):
+        prefix_cache.load(path, "1" * 64)
+
+
+def test_the_key_binds_model_tokens_and_engine_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "model.gguf"
+    content = bytearray(np.random.default_rng(0).bytes(3 << 20))  # 3 MiB: first and last MiB hashed
+    model.write_bytes(content)
+    key = prefix_cache.cache_key(model, [1, 2, 3])
+    assert key == prefix_cache.cache_key(model, [1, 2, 3])
+    assert key != prefix_cache.cache_key(model, [1, 2, 4])
+    assert key != prefix_cache.cache_key(model, [1, 2])
+    for offset in (100, len(content) - 100):  # a byte of the header, a byte of the last tensors
+        changed = bytearray(content)
+        changed[offset] ^= 1
+        model.write_bytes(changed)
+        assert prefix_cache.cache_key(model, [1, 2, 3]) != key
+    model.write_bytes(content + b"\0")
+    assert prefix_cache.cache_key(model, [1, 2, 3]) != key
+    model.write_bytes(content)
+    monkeypatch.setattr(prefix_cache, "ENGINE_KV_VERSION", "edgevlm-kv-0")
+    assert prefix_cache.cache_key(model, [1, 2, 3]) != key
+    assert prefix_cache.cache_path(tmp_path, key).name == f"prefix-{key[:32]}.evkv"
+
+
+# -- never unpickled -----------------------------------------------------------------------------------------
+class _Payload:
+    """Unpickling this creates the marker file: evidence that something was unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Path.touch, (self.marker,)
+
+
+def test_pickles_are_refused_and_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(_Payload(marker))
+    for name, data in (("pickle.evkv", payload), ("numpy.evkv", _npy_with_objects(marker))):
+        assert "bad magic" in refused(tmp_path / name, data)
+    # A pickle as the body of a well-formed file is loaded as what the layout says it is: floats.
+    n = -(-len(payload) // 8)
+    body = payload.ljust(8 * n, b"\0")
+    header = {"version": 1, "key": KEY, "n_layer": 1, "n_past": 1, "kv_dim": n, "token_ids": [1]}
+    path = tmp_path / "body.evkv"
+    path.write_bytes(build(header, body))
+    _, snap = prefix_cache.load(path, KEY)
+    k, v = snap.arrays()
+    assert np.concatenate([k, v]).tobytes() == body
+    assert not marker.exists()
+
+
+def _npy_with_objects(marker: Path) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([_Payload(marker)], dtype=object), allow_pickle=True)
+    return buf.getvalue()
+
+
+def test_load_works_with_every_deserializer_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("prefix_cache.load deserialized something")
+
+    for module, names in ((pickle, ("load", "loads", "Unpickler")), (marshal, ("load", "loads")),
+                          (np, ("load", "fromfile"))):
+        for name in names:
+            monkeypatch.setattr(module, name, forbidden)
+    path = tmp_path / "p.evkv"
+    prefix_cache.save(path, KEY, [4, 5, 6], snapshot())
+    ids, _ = prefix_cache.load(path, KEY)
+    assert ids == [4, 5, 6]
+
+
+def test_the_module_imports_no_deserializer_and_runs_no_code() -> None:
+    tree = ast.parse(Path(prefix_cache.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names} | {node.module.split(".")[0] for node in ast.walk(tree)
+                                            if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & {"pickle", "marshal", "shelve", "dill", "joblib", "cloudpickle", "yaml", "torch"}, imported
+    calls = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert "json.loads" in calls  # the header: JSON, which builds only dicts, lists, strings and numbers
+    suspicious = {c for c in calls if c.split(".")[-1] in {"eval", "exec", "compile", "__import__", "load", "loads",
+                                                           "fromfile", "Unpickler"} and c != "json.loads"}
+    assert not suspicious, suspicious
+
+
+# -- the engine's use of it: a bad file is reported and rebuilt, never used ------------------------------------
+@pytest.fixture(scope="module")
+def text_engine(text_model_path: Path) -> Any:
+    from edgevlm_ros.text_model import TextModel
+
+    return TextModel(text_model_path, threads=2)
+
+
+def _prefix_ids(engine: Any) -> list[int]:
+    return engine.tokenizer.encode(engine.chat_text("", system="You are a robot's eyes."), add_bos=False)[:12]
+
+
+def test_cached_prefix_builds_loads_and_rebuilds(text_engine: Any, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = text_engine
+    ids = _prefix_ids(engine)
+    built, status = engine.cached_prefix(ids, tmp_path)
+    assert status == "built"
+    (path,) = tmp_path.glob("*.evkv")
+    loaded, status = engine.cached_prefix(ids, tmp_path)
+    assert status == f"loaded from {path}"
+    for a, b in zip(built.snapshot.arrays(), loaded.snapshot.arrays(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    good = path.read_bytes()
+
+    def status_after(data: bytes) -> str:
+        path.write_bytes(data)
+        state, status = engine.cached_prefix(ids, tmp_path)
+        assert state.token_ids == tuple(ids)
+        for a, b in zip(built.snapshot.arrays(), state.snapshot.arrays(), strict=True):
+            np.testing.assert_array_equal(a, b)  # rebuilt: the same state as computed
+        assert path.read_bytes() == good  # and written again
+        return status
+
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0xFF
+    assert status_after(bytes(flipped)).startswith("rebuilt (") and "checksum mismatch" in status_after(bytes(flipped))
+    assert "truncated" in status_after(good[:20]) or "does not" in status_after(good[:20])
+    assert "does not match its header" in status_after(good[:-1])
+
+    # Stale: the file at this path was written by another engine version (the same name is only
+    # the key's first 32 hex digits), or holds other tokens under the right key.
+    key = prefix_cache.cache_key(engine.path, ids)
+    with monkeypatch.context() as m:
+        m.setattr(prefix_cache, "ENGINE_KV_VERSION", "edgevlm-kv-0")
+        old_key = prefix_cache.cache_key(engine.path, ids)
+    prefix_cache.save(path, old_key, ids, built.snapshot)
+    assert "stale" in status_after(path.read_bytes())
+    prefix_cache.save(path, key, ids[:-1] + [ids[-1] + 1], built.snapshot)
+    assert "holds other tokens" in status_after(path.read_bytes())
+
+    # The right key and hash over a state that does not fit the model (a crafted file): refused
+    # by restore(), rebuilt.
+    k, _ = built.snapshot.arrays()
+    wrong = _engine.KVSnapshot.from_arrays(np.zeros((k.shape[0] + 1, *k.shape[1:]), np.float32),
+                                           np.zeros((k.shape[0] + 1, *k.shape[1:]), np.float32))
+    prefix_cache.save(path, key, ids, wrong)
+    assert status_after(path.read_bytes()).startswith("rebuilt (")
+
+
+def test_an_unwritable_cache_dir_is_reported_and_the_prefix_still_built(text_engine: Any, tmp_path: Path) -> None:
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the cache directory should be")
+    state, status = text_engine.cached_prefix(_prefix_ids(text_engine), blocker / "cache")
+    assert status.startswith("built (not saved: ") and len(state.token_ids) == 12
