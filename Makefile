@@ -1,9 +1,9 @@
-# The two commands of the README: `make test` (set-up + the whole test suite) and, once the
-# demo issue lands, `make demo`. Both set up everything on a fresh machine (scripts/setup.sh).
+# The two commands of the README: `make demo` (the main job on the embedded default model) and
+# `make test` (the whole test suite). Both set up everything on a fresh machine (scripts/setup.sh).
 PY := .venv/bin/python
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 
-.PHONY: setup test lint build clean
+.PHONY: setup test demo lint build clean
 
 setup:
 	./scripts/setup.sh
@@ -14,6 +14,11 @@ build:
 test: setup
 	$(PY) -m ruff check edgevlm_ros test
 	PYTHONPATH=$(CURDIR) $(PY) -m pytest test -q -rs
+
+# The main job on the embedded default: camera -> node -> live descriptions, until Ctrl-C.
+# make demo ARGS="--frames 30" stops after 30 described frames and prints a summary.
+demo: setup
+	$(PY) -m edgevlm_ros.cli demo $(ARGS)
 
 lint:
 	$(PY) -m ruff check edgevlm_ros test

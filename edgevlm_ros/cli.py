@@ -68,6 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     from .convert import add_convert_arguments
 
     add_convert_arguments(conv)
+
+    from .bench import add_bench_arguments
+    from .camera import add_camera_arguments
+    from .demo import add_demo_arguments
+    from .tune import add_tune_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="our engine and llama.cpp side by side on the same GGUF"))
+    add_tune_arguments(sub.add_parser("tune", help="measure the kernel variants here and write an operator table"))
+    add_camera_arguments(sub.add_parser("camera", help="publish sensor_msgs/Image from scenes, a folder, a video "
+                                                       "or a V4L2 device"))
+    add_demo_arguments(sub.add_parser("demo", help="camera -> node -> live descriptions with the embedded demo model"))
     return parser
 
 
@@ -121,9 +132,20 @@ def _convert(args: argparse.Namespace) -> int:
     return run_convert(args)
 
 
+def _lazy(module: str, func: str) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(getattr(importlib.import_module(f"edgevlm_ros.{module}"), func)(args))
+
+    return run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"generate": _generate, "describe": _describe, "convert": _convert}
+    handlers = {"generate": _generate, "describe": _describe, "convert": _convert,
+                "bench": _lazy("bench", "run_bench"), "tune": _lazy("tune", "run_tune"),
+                "camera": _lazy("camera", "run_camera"), "demo": _lazy("demo", "run_demo")}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError, RuntimeError) as exc:

@@ -1,0 +1,1111 @@
+"""`edgevlm bench`: our engine and llama.cpp side by side, in one process run.
+
+Same GGUF, same thread count, same token ids for both engines. Every measure is repeated
+(--repeats, default 3) with the two engines alternating (ours first on even rounds, the peer
+first on odd ones) so that both share whatever else the machine is doing, and the median is
+reported. Absolute numbers on shared machines drift; the ratios ours / llama.cpp hold.
+
+Measures (rows of the table):
+  * prefill tokens/s at 64 and 512 tokens (one forward over the prompt, logits of the last token);
+  * decode tokens/s over 128 greedy tokens (single-token forwards after a short prompt);
+  * time to first token of a chat prompt with a system prompt, without and with the prefix cache
+    (ours: KV snapshot restore; llama.cpp: the system prompt's KV kept, the rest re-evaluated);
+  * vision encode ms of one 512x512 tile of a SmolVLM-256M-shaped mmproj (random weights; the
+    peer only when a `llama-mtmd-cli` binary is found);
+  * peak RSS of a process that loads the model, prefills and decodes (one child process per
+    engine, resource.getrusage);
+  * the decode roofline: bytes of weights read per token / the read bandwidth measured here
+    (numpy sum over --bandwidth-mib MiB, one thread and --threads threads).
+
+llama.cpp is `llama-cpp-python` (optional: scripts/install_bench_extra.sh). Without it the bench
+prints our numbers and says the peer is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A system prompt of the kind a robot keeps fixed for its whole run (~150 tokens).
+SYSTEM_PROMPT = (
+    "You are the perception assistant of a wheeled warehouse robot. You receive short questions "
+    "about what the robot's front camera shows and answer in one or two plain sentences. Name "
+    "people, forklifts, pallets, boxes, shelves, doors, spills and cables when you see them, say "
+    "where they are (left, centre, right, near, far) and whether they block the aisle. Never guess "
+    "about things you cannot see; say that you are unsure instead. Do not give advice on driving, "
+    "speed or routes: the planner decides those. Keep numbers short, use metres for distances, and "
+    "do not repeat the question. If the image is dark, blurred or covered, say so first."
+)
+USER_PROMPT = "Is the aisle ahead clear?"
+USER_PROMPT_ALT = "What is on the left shelf?"
+
+# Prompt text for the prefill measures (repeated until long enough).
+PREFILL_TEXT = (
+    "The robot left its charging dock at seven and followed the painted line along aisle four. "
+    "Near the third shelf a pallet of boxes stood half in the lane, so it slowed, logged the "
+    "obstacle with its position and a photo, and waited for the planner to choose a way around. "
+    "A forklift crossed at the far end; the robot stopped until the lidar reported the crossing "
+    "empty again. At the loading bay it scanned 42 labels, found two that did not match the "
+    "order list, and sent both codes to the supervisor's tablet before returning to the dock. "
+)
+DECODE_PROMPT = "List three safety rules for robots working near people."
+
+
+def default_cache_dir() -> Path:
+    """Where the bench keeps its random-weight vision model (built once)."""
+    return Path.home() / ".cache" / "edgevlm_ros" / "bench"
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def _ratio(ours: float | None, peer: float | None) -> float | None:
+    if ours is None or peer is None or peer == 0:
+        return None
+    return ours / peer
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model (as lscpu names it), cores and the SIMD features that matter here."""
+    model = platform.processor() or platform.machine()
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name":
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    interesting = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
+                   "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm"]
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return {"cpu": model, "cores": cores, "arch": platform.machine(),
+            "features": [f for f in interesting if f in flags]}
+
+
+def _loadavg() -> list[float] | None:
+    """1/5/15-minute load averages: how busy the (shared) machine was while measuring."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def measure_bandwidth(mib: int, threads: int, repeats: int = 3) -> dict[str, float]:
+    """Memory read bandwidth in GB/s: numpy sums over a `mib` MiB float32 array, best of `repeats`,
+    on one thread and on `threads` threads (each summing its own slice; numpy drops the GIL)."""
+    n = max(1, mib * (1 << 20) // 4)
+    a = np.ones(n, dtype=np.float32)  # written once, so every page is resident
+    nbytes = a.nbytes
+
+    def best(fn: Callable[[], object]) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return nbytes / min(times) / 1e9
+
+    single = best(lambda: a.sum())
+    parts = np.array_split(a, threads)
+    if threads > 1:
+        with ThreadPoolExecutor(threads) as pool:
+            multi = best(lambda: list(pool.map(np.sum, parts)))
+    else:
+        multi = single
+    return {"mib": float(mib), "single_gbs": single, "all_gbs": multi, "threads": float(threads)}
+
+
+def weight_bytes_per_token(gguf_path: Path) -> dict[str, Any]:
+    """Bytes of weights one decoded token reads: every layer tensor, the output norm, the output
+    head (the token embedding when tied) and one embedding row."""
+    from . import _engine
+
+    tensors = _engine.GGUFFile(str(gguf_path)).tensors()
+    by_name = {t["name"]: t for t in tensors}
+    layers = sum(t["nbytes"] for t in tensors if t["name"].startswith("blk."))
+    head_t = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    head = head_t["nbytes"] if head_t else 0
+    norm = by_name["output_norm.weight"]["nbytes"] if "output_norm.weight" in by_name else 0
+    emb = by_name.get("token_embd.weight")
+    emb_row = emb["nbytes"] // emb["shape"][-1] if emb else 0
+    layer_types = sorted({t["type"] for t in tensors if t["name"].startswith("blk.") and len(t["shape"]) == 2})
+    return {"total": layers + head + norm + emb_row, "layers": layers, "head": head,
+            "head_type": head_t["type"] if head_t else None, "layer_types": layer_types}
+
+
+# -- the two engines ----------------------------------------------------------------------------
+
+
+class _Ours:
+    """Our engine through its public Python API."""
+
+    def __init__(self, path: Path, threads: int, n_ctx: int) -> None:
+        from .text_model import TextModel
+
+        self.model = TextModel(path, threads=threads, n_ctx=n_ctx)
+        self.native = self.model.native
+
+    def prefill(self, ids: Sequence[int]) -> float:
+        arr = np.asarray(ids, dtype=np.int32)
+        self.native.reset()
+        t0 = time.perf_counter()
+        self.native.forward(arr)
+        return time.perf_counter() - t0
+
+    def decode(self, prompt: Sequence[int], n: int) -> tuple[float, list[int]]:
+        """Seconds for n single-token forwards after the prompt, and the n + 1 greedy tokens."""
+        self.native.reset()
+        r = self.native.generate(np.asarray(prompt, dtype=np.int32), n + 1, [])
+        return r["decode_ms"] / 1e3, list(r["tokens"])
+
+    def ttft(self, ids: Sequence[int]) -> float:
+        arr = np.asarray(ids, dtype=np.int32)
+        self.native.reset()
+        t0 = time.perf_counter()
+        self.native.generate(arr, 1, [])
+        return time.perf_counter() - t0
+
+    def make_prefix(self, prefix_ids: Sequence[int]) -> Any:
+        return self.model.prefix(prefix_ids)
+
+    def ttft_cached(self, prefix: Any, ids: Sequence[int]) -> float:
+        rest = np.asarray(ids[len(prefix.token_ids):], dtype=np.int32)
+        t0 = time.perf_counter()
+        self.native.restore(prefix.snapshot)
+        self.native.generate(rest, 1, [])
+        return time.perf_counter() - t0
+
+
+_PEER_LOG_SINK: Any = None  # the no-op log callback handed to llama.cpp (kept alive here)
+
+
+def _silence_llama(llama_cpp: ModuleType) -> None:
+    global _PEER_LOG_SINK
+    if _PEER_LOG_SINK is None:
+        _PEER_LOG_SINK = llama_cpp.llama_log_callback(lambda level, text, user: None)
+        llama_cpp.llama_log_set(_PEER_LOG_SINK, ctypes.c_void_p(0))
+
+
+class _Peer:
+    """llama.cpp through llama-cpp-python's low-level API (the C functions): the prompt in one
+    llama_decode (batches of n_batch = 512, logits of the last token only), then one-token
+    decodes, greedy argmax over the logits in numpy."""
+
+    def __init__(self, llama_cpp: ModuleType, path: Path, threads: int, n_ctx: int, flash_attn: bool,
+                 extra_bufts: bool) -> None:
+        self.L = L = llama_cpp
+        _silence_llama(L)
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        if hasattr(mp, "use_extra_bufts"):
+            mp.use_extra_bufts = extra_bufts  # weight repacking / AMX buffers
+        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = cp.n_ubatch = 512
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.no_perf = True
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            L.llama_model_free(self.model)
+            raise RuntimeError("llama.cpp could not create a context")
+        self.n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model)))
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_pre = -1
+
+    def _eval(self, ids: Sequence[int]) -> None:
+        for i in range(0, len(ids), 512):
+            chunk = ids[i:i + 512]
+            arr = (ctypes.c_int32 * len(chunk))(*chunk)
+            rc = self.L.llama_decode(self.ctx, self.L.llama_batch_get_one(arr, len(chunk)))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+
+    def _argmax(self) -> int:
+        ptr = self.L.llama_get_logits_ith(self.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))))
+
+    def _clear(self) -> None:
+        self.L.llama_memory_clear(self.mem, True)
+        self.n_pre = -1
+
+    def prefill(self, ids: Sequence[int]) -> float:
+        self._clear()
+        t0 = time.perf_counter()
+        self._eval(ids)
+        return time.perf_counter() - t0
+
+    def decode(self, prompt: Sequence[int], n: int) -> tuple[float, list[int]]:
+        self._clear()
+        self._eval(prompt)
+        tok = self._argmax()
+        tokens = [tok]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self._eval([tok])
+            tok = self._argmax()
+            tokens.append(tok)
+        return time.perf_counter() - t0, tokens
+
+    def ttft(self, ids: Sequence[int]) -> float:
+        self._clear()
+        t0 = time.perf_counter()
+        self._eval(ids)
+        self._argmax()
+        return time.perf_counter() - t0
+
+    def make_prefix(self, prefix_ids: Sequence[int]) -> int:
+        return len(prefix_ids)
+
+    def ttft_cached(self, n_pre: int, ids: Sequence[int]) -> float:
+        if self.n_pre != n_pre:  # put the system prompt's KV in place (not timed)
+            self._clear()
+            self._eval(ids[:n_pre])
+            self.n_pre = n_pre
+        t0 = time.perf_counter()
+        self.L.llama_memory_seq_rm(self.mem, 0, n_pre, -1)  # keep the system prompt, drop the rest
+        self._eval(ids[n_pre:])
+        self._argmax()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.ctx:
+            self.L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            self.L.llama_model_free(self.model)
+            self.model = None
+
+
+def _peer_omp_policy(cfg: BenchConfig) -> str:
+    """Sets OMP_WAIT_POLICY for llama.cpp (an OpenMP build) before it is loaded; returns what was
+    done. llama.cpp's idle OpenMP threads spin between graph nodes: on a quiet machine that is its
+    fastest setting, on a busy one (more runnable threads than cores) a thread spinning at a
+    barrier for a descheduled partner costs it ~10x (measured here: decode 1.7 vs 18 tokens/s at
+    load 5 on 2 cores). 'auto' picks PASSIVE when the 1-minute load average is >= the core count."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} (from the environment)"
+    choice = cfg.peer_omp_wait
+    why = f"--peer-omp-wait {choice}"
+    if choice == "auto":
+        load = _loadavg()
+        cores = machine_info()["cores"]
+        busy = load is not None and load[0] >= cores
+        choice = "passive" if busy else "default"
+        why = f"auto: 1-min load {load[0] if load else '?'} {'>=' if busy else '<'} {cores} cores"
+    if choice == "passive":
+        try:
+            installed = importlib.util.find_spec("llama_cpp") is not None
+        except (ImportError, ValueError):  # a None entry in sys.modules (hidden on purpose)
+            installed = False
+        if not installed:
+            return f"not set ({why}): llama_cpp is not importable"
+        if sys.modules.get("llama_cpp") is not None:
+            return f"not set ({why}): llama_cpp was already loaded in this process"
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        return f"OMP_WAIT_POLICY=PASSIVE ({why})"
+    return f"OpenMP default ({why})"
+
+
+def import_peer() -> tuple[ModuleType | None, str]:
+    """llama_cpp, or None and why not."""
+    try:
+        mod = importlib.import_module("llama_cpp")
+    except ImportError as exc:
+        return None, (f"llama-cpp-python is not installed ({exc}); install it with "
+                      "scripts/install_bench_extra.sh")
+    except OSError as exc:  # the shared library failed to load
+        return None, f"llama-cpp-python failed to load: {exc}"
+    version = getattr(mod, "__version__", "?")
+    return mod, f"llama-cpp-python {version}"
+
+
+# -- measures -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the table: a measure for both engines."""
+
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    ours: float | None = None
+    peer: float | None = None
+    note: str = ""
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        return _ratio(self.ours, self.peer)
+
+    @property
+    def better(self) -> str:
+        r = self.ratio
+        if r is None:
+            return ""
+        if abs(r - 1.0) < 0.02:
+            return "even"
+        return "ours" if (r > 1.0) == self.higher_is_better else "llama.cpp"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, "unit": self.unit, "higher_is_better": self.higher_is_better,
+                "ours": self.ours, "peer": self.peer, "ratio_ours_over_peer": self.ratio, "better": self.better,
+                "note": self.note, "samples": self.samples}
+
+
+def _alternate(repeats: int, ours: Callable[[], float], peer: Callable[[], float] | None,
+               pause_s: float = 0.05) -> tuple[list[float], list[float]]:
+    """Runs both `repeats` times, alternating which goes first; returns (ours, peer) samples."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(repeats):
+        order: list[tuple[Callable[[], float], list[float]]] = [(ours, a)]
+        if peer is not None:
+            order = [(ours, a), (peer, b)] if i % 2 == 0 else [(peer, b), (ours, a)]
+        for fn, out in order:
+            out.append(fn())
+            time.sleep(pause_s)  # let the other engine's idle workers go to sleep
+    return a, b
+
+
+@dataclass
+class BenchConfig:
+    """Everything a bench run needs; built from the command line by config_from_args()."""
+
+    model: Path
+    threads: int = 2
+    repeats: int = 3
+    prefill_tokens: tuple[int, ...] = (64, 512)
+    decode_tokens: int = 128
+    peer: bool = True
+    peer_flash_attn: bool = False
+    peer_extra_bufts: str = "auto"
+    peer_omp_wait: str = "auto"
+    vision: bool = True
+    vision_layers: int = 12
+    mmproj: Path | None = None
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    bandwidth_mib: int = 1024
+    rss: bool = True
+    mtmd_cli: str | None = None
+    n_ctx: int = 2048
+    log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
+
+
+def _prefill_ids(model: Any, n: int) -> list[int]:
+    text = PREFILL_TEXT
+    ids = model.tokenizer.encode(text)
+    while len(ids) < n:
+        text += PREFILL_TEXT
+        ids = model.tokenizer.encode(text)
+    return [int(t) for t in ids[:n]]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# -- vision -------------------------------------------------------------------------------------
+
+
+def build_vision_model(cache_dir: Path, vision_layers: int, log: Callable[[str], None]) -> tuple[Path, Path]:
+    """A random-weight SmolVLM-256M-shaped checkpoint (12 vision layers by default, 2 text layers),
+    converted to F16 GGUF by our converter; built once into cache_dir (only the GGUF files are
+    kept). Returns (text, mmproj).
+
+    Needs the source checkout's test/hf_fixtures.py and torch + transformers."""
+    fixtures = ROOT / "test" / "hf_fixtures.py"
+    if not fixtures.is_file():
+        raise RuntimeError(f"needs {fixtures} (a source checkout) to build a random SmolVLM")
+    for mod in ("torch", "transformers"):
+        if importlib.util.find_spec(mod) is None:
+            raise RuntimeError(f"needs {mod} to build a random SmolVLM (requirements-test.txt)")
+    name = f"smolvlm-random-t2-v{vision_layers}"
+    hf_dir = cache_dir / name
+    out_dir = cache_dir / f"{name}-gguf"
+    text_path = out_dir / f"{name}-f16.gguf"
+    mmproj_path = out_dir / f"mmproj-{name}-f16.gguf"
+    marker = out_dir / ".done"
+    if marker.is_file() and text_path.is_file() and mmproj_path.is_file():
+        return text_path, mmproj_path
+    log(f"[bench] building a random SmolVLM-256M-shaped model ({vision_layers} vision layers) in {cache_dir} "
+        "(once)")
+    spec = importlib.util.spec_from_file_location("_edgevlm_hf_fixtures", fixtures)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot import {fixtures}")
+    hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf)
+    hf.make_random_smolvlm(hf_dir, text_layers=2, vision_layers=vision_layers)
+    from .convert import convert
+
+    text_path, mmproj_path = convert(hf_dir, out_dir, "f16", name=name)
+    marker.write_text("ok\n", encoding="utf-8")
+    shutil.rmtree(hf_dir, ignore_errors=True)  # the float32 checkpoint (~0.6 GB) is not needed again
+    return text_path, mmproj_path
+
+
+def find_mtmd_cli(explicit: str | None = None) -> str | None:
+    """llama.cpp's multimodal CLI: --mtmd-cli, $EDGEVLM_LLAMA_MTMD_CLI, the venv, or $PATH."""
+    candidates = [explicit, os.environ.get("EDGEVLM_LLAMA_MTMD_CLI"),
+                  str(Path(sys.executable).parent / "llama-mtmd-cli"), shutil.which("llama-mtmd-cli")]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+# llama-mtmd-cli prints one line per encoded image chunk; the wording changed between versions.
+_SLICE_RE = re.compile(r"(?:slice encoded in|batch encoding done in)\s+(\d+(?:\.\d+)?)\s*ms")
+
+
+def peer_mmproj(mmproj: Path, tile: int) -> Path:
+    """A copy of mmproj for llama.cpp whose clip.vision.preproc_image_size is one tile.
+
+    llama.cpp preprocesses idefics3 images llava-uhd style to that longest edge (SmolVLM's 2048):
+    a 512x512 frame would become a 4x4 grid of tiles plus a global view, 17 encodes. With one
+    tile it encodes the frame (and its global view) like our single-tile mode. The u32 value is
+    patched in place in the copy; nothing else changes."""
+    out = mmproj.with_name(mmproj.stem + f"-llamacpp-{tile}.gguf")
+    if out.is_file() and out.stat().st_mtime >= mmproj.stat().st_mtime:
+        return out
+    data = bytearray(mmproj.read_bytes())
+    key = b"clip.vision.preproc_image_size"
+    at = data.find(key)
+    if at < 8 or int.from_bytes(data[at - 8:at], "little") != len(key):
+        raise ValueError(f"{mmproj.name} has no clip.vision.preproc_image_size to patch")
+    vtype = int.from_bytes(data[at + len(key):at + len(key) + 4], "little")
+    if vtype != 4:  # GGUF_TYPE_UINT32
+        raise ValueError(f"{mmproj.name}: clip.vision.preproc_image_size is not a u32 (type {vtype})")
+    value_at = at + len(key) + 4
+    data[value_at:value_at + 4] = int(tile).to_bytes(4, "little")
+    tmp = out.with_suffix(".part")
+    tmp.write_bytes(bytes(data))
+    os.replace(tmp, out)
+    return out
+
+
+def _peer_vision_once(cli: str, text: Path, mmproj: Path, image: Path, threads: int) -> tuple[list[float], str]:
+    """Runs llama-mtmd-cli once; returns the encode times of every image slice it printed."""
+    cmd = [cli, "-m", str(text), "--mmproj", str(mmproj), "--image", str(image), "-p", "Describe.", "-n", "1",
+           "-t", str(threads), "--temp", "0", "-c", "2048"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    out = proc.stdout + proc.stderr
+    times = [float(m) for m in _SLICE_RE.findall(out)]
+    if proc.returncode != 0 or not times:
+        tail = " | ".join(out.strip().splitlines()[-3:])
+        return [], f"llama-mtmd-cli exited {proc.returncode} with no encode time ({tail})"
+    return times, ""
+
+
+# -- peak RSS (one child process per engine) ----------------------------------------------------
+
+_CHILD = """
+import json, resource, sys
+
+
+def peak_kib():
+    # VmHWM: this process's own high-water mark. ru_maxrss would start at the parent's peak,
+    # which exec() carries over into the child.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+cfg = json.loads(sys.argv[1])
+from pathlib import Path
+from edgevlm_ros import bench
+base = peak_kib()
+if cfg["engine"] == "ours":
+    eng = bench._Ours(Path(cfg["model"]), cfg["threads"], cfg["n_ctx"])
+else:
+    import llama_cpp
+    eng = bench._Peer(llama_cpp, Path(cfg["model"]), cfg["threads"], cfg["n_ctx"], cfg["flash_attn"],
+                      cfg["extra_bufts"])
+eng.prefill(cfg["ids"])
+eng.decode(cfg["ids"][:8], cfg["decode"])
+print(json.dumps({"base_kib": base, "peak_kib": peak_kib(),
+                  "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def _child_env(extra_paths: Sequence[str]) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(ROOT), *extra_paths]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def _peak_rss(cfg: dict[str, Any], extra_paths: Sequence[str]) -> tuple[float | None, float | None, str]:
+    """(peak RSS MiB, RSS MiB before the engine was loaded, error) of a child process that loads
+    one engine (cfg["engine"]), prefills and decodes."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True, text=True,
+                              timeout=600, env=_child_env(extra_paths), check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, None, str(exc)
+    for line in reversed(proc.stdout.strip().splitlines()):
+        try:
+            d = json.loads(line)
+            return d["peak_kib"] / 1024.0, d["base_kib"] / 1024.0, ""
+        except (ValueError, KeyError, TypeError):
+            continue
+    tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
+    return None, None, f"child exited {proc.returncode}: {tail}"
+
+
+_PROBE = """
+import sys
+from pathlib import Path
+import llama_cpp
+from edgevlm_ros import bench
+eng = bench._Peer(llama_cpp, Path(sys.argv[1]), int(sys.argv[2]), 256, False, True)
+eng.prefill(list(range(100, 164)))
+eng.decode([100, 101], 2)
+print("ok")
+"""
+
+
+def _peer_extra_bufts(cfg: BenchConfig, peer_mod: ModuleType) -> tuple[bool, str]:
+    """Whether llama.cpp runs with its extra buffer types (weight repacking, AMX). 'auto' tries them
+    in a child process first: on some machines (this KVM guest with AMX) they crash."""
+    if cfg.peer_extra_bufts in ("on", "off"):
+        return cfg.peer_extra_bufts == "on", "--peer-extra-bufts " + cfg.peer_extra_bufts
+    paths = [str(Path(peer_mod.__file__ or "").resolve().parent.parent)]
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, str(cfg.model), str(cfg.threads)], capture_output=True,
+                              text=True, timeout=300, env=_child_env(paths), check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"probe failed ({exc})"
+    if proc.returncode == 0 and "ok" in proc.stdout:
+        return True, "llama.cpp default"
+    if proc.returncode < 0:
+        return False, f"with them llama.cpp crashed here (signal {-proc.returncode})"
+    return False, f"with them llama.cpp failed here (exit {proc.returncode})"
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    """Runs every measure; returns the raw results (what --json writes)."""
+    from . import __version__, _engine
+
+    log = cfg.log
+    t_start = time.perf_counter()
+    result: dict[str, Any] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(),
+        "model": str(cfg.model),
+        "threads": cfg.threads,
+        "repeats": cfg.repeats,
+        "edgevlm_version": __version__,
+        "optable": None,
+        "load_average_start": _loadavg(),
+    }
+    peer_mod: ModuleType | None = None
+    if cfg.peer:
+        result["peer_omp_wait_policy"] = _peer_omp_policy(cfg)
+        peer_mod, peer_status = import_peer()
+    else:
+        peer_status = "not run (--no-peer)"
+    result["peer_status"] = peer_status
+    if peer_mod is not None:
+        try:
+            result["peer_system_info"] = peer_mod.llama_print_system_info().decode("utf-8", "replace").strip()
+        except Exception:  # noqa: BLE001 - informational only
+            result["peer_system_info"] = None
+    rows: list[Row] = []
+
+    log(f"[bench] loading {cfg.model.name} in our engine ({cfg.threads} threads)")
+    ours = _Ours(cfg.model, cfg.threads, cfg.n_ctx)
+    result["optable"] = _engine.optable_source()
+    result["ours_variants"] = ours.native.variants()
+    peer: _Peer | None = None
+    extra_bufts = False
+    if peer_mod is not None:
+        extra_bufts, why = _peer_extra_bufts(cfg, peer_mod)
+        result["peer_extra_bufts"] = {"on": extra_bufts, "why": why}
+        log(f"[bench] loading the same file in llama.cpp (extra buffer types {'on' if extra_bufts else 'off'}: {why})")
+        try:
+            peer = _Peer(peer_mod, cfg.model, cfg.threads, cfg.n_ctx, cfg.peer_flash_attn, extra_bufts)
+        except Exception as exc:  # noqa: BLE001 - any failure of the optional peer is reported, not fatal
+            peer_status = f"llama.cpp failed to load the model: {exc}"
+            result["peer_status"] = peer_status
+            peer = None
+    result["peer_flash_attn"] = cfg.peer_flash_attn if peer else None
+
+    # Warm-up (page in the weights, start thread pools), not timed.
+    warm = _prefill_ids(ours.model, 16)
+    ours.prefill(warm)
+    ours.decode(warm, 2)
+    if peer:
+        peer.prefill(warm)
+        peer.decode(warm, 2)
+
+    # Prefill.
+    max_p = max(cfg.prefill_tokens)
+    if max_p + 1 > cfg.n_ctx:
+        raise ValueError(f"prefill of {max_p} tokens does not fit n_ctx {cfg.n_ctx}")
+    long_ids = _prefill_ids(ours.model, max_p)
+    for n in cfg.prefill_tokens:
+        log(f"[bench] prefill {n} tokens x{cfg.repeats}")
+        ids = long_ids[:n]
+        a, b = _alternate(cfg.repeats, lambda ids=ids: ours.prefill(ids),
+                          (lambda ids=ids: peer.prefill(ids)) if peer else None)
+        row = Row(f"prefill_{n}", f"prefill {n} tokens", "tokens/s", True,
+                  _median([n / s for s in a]), _median([n / s for s in b]) if b else None)
+        row.samples = {"ours_s": a, "peer_s": b}
+        rows.append(row)
+
+    # Decode.
+    prompt = ours.model.encode_prompt(DECODE_PROMPT)
+    nd = cfg.decode_tokens
+    log(f"[bench] decode {nd} tokens x{cfg.repeats}")
+    ours_tokens: list[int] = []
+    peer_tokens: list[int] = []
+
+    def ours_decode() -> float:
+        nonlocal ours_tokens
+        s, ours_tokens = ours.decode(prompt, nd)
+        return s
+
+    def peer_decode() -> float:
+        nonlocal peer_tokens
+        assert peer is not None
+        s, peer_tokens = peer.decode(prompt, nd)
+        return s
+
+    a, b = _alternate(cfg.repeats, ours_decode, peer_decode if peer else None)
+    decode_row = Row(f"decode_{nd}", f"decode {nd} tokens", "tokens/s", True,
+                     _median([nd / s for s in a]), _median([nd / s for s in b]) if b else None)
+    decode_row.samples = {"ours_s": a, "peer_s": b}
+    if peer:
+        same = _common_prefix(ours_tokens, peer_tokens)
+        decode_row.note = f"greedy tokens identical for the first {same} of {len(ours_tokens)}"
+        result["greedy_agreement"] = {"identical_prefix": same, "n": len(ours_tokens)}
+    rows.append(decode_row)
+
+    # Time to first token with a system prompt, without and with the prefix cache.
+    ids = ours.model.encode_prompt(USER_PROMPT, system=SYSTEM_PROMPT)
+    alt = ours.model.encode_prompt(USER_PROMPT_ALT, system=SYSTEM_PROMPT)
+    n_pre = _common_prefix(ids, alt)
+    n_pre = min(n_pre, len(ids) - 1)
+    log(f"[bench] time to first token: {len(ids)} prompt tokens, {n_pre} of them the cached system prompt")
+    a, b = _alternate(cfg.repeats, lambda: ours.ttft(ids), (lambda: peer.ttft(ids)) if peer else None)
+    row = Row("ttft_nocache", f"first token, no prefix cache ({len(ids)} tok)", "ms", False,
+              _median([s * 1e3 for s in a]), _median([s * 1e3 for s in b]) if b else None)
+    row.samples = {"ours_s": a, "peer_s": b}
+    rows.append(row)
+    ours_prefix = ours.make_prefix(ids[:n_pre])
+    peer_prefix = peer.make_prefix(ids[:n_pre]) if peer else 0
+    a, b = _alternate(cfg.repeats, lambda: ours.ttft_cached(ours_prefix, ids),
+                      (lambda: peer.ttft_cached(peer_prefix, ids)) if peer else None)
+    row = Row("ttft_cache", f"first token, prefix cache ({len(ids) - n_pre} new)", "ms", False,
+              _median([s * 1e3 for s in a]), _median([s * 1e3 for s in b]) if b else None)
+    row.samples = {"ours_s": a, "peer_s": b}
+    row.note = "ours: KV snapshot restored; llama.cpp: system prompt KV kept in its context"
+    rows.append(row)
+    result["ttft"] = {"prompt_tokens": len(ids), "prefix_tokens": n_pre}
+
+    if peer:
+        peer.close()
+        peer = None
+
+    # Vision encode.
+    rows.append(_vision_row(cfg, result))
+
+    # Peak RSS: a child process per engine (load, prefill, decode).
+    rss_row = Row("peak_rss", "peak RSS (load + prefill + decode)", "MiB", False)
+    if cfg.rss:
+        log("[bench] peak RSS (one child process per engine)")
+        child = {"model": str(cfg.model), "threads": cfg.threads, "n_ctx": cfg.n_ctx, "ids": long_ids,
+                 "decode": nd, "flash_attn": cfg.peer_flash_attn, "extra_bufts": extra_bufts, "engine": "ours"}
+        rss_ours, base_ours, err = _peak_rss(child, [])
+        rss_row.ours = rss_ours
+        notes = [f"ours: {err}"] if err else []
+        rss_peer = base_peer = None
+        if peer_mod is not None:
+            peer_paths = [str(Path(peer_mod.__file__ or "").resolve().parent.parent)]
+            rss_peer, base_peer, err = _peak_rss({**child, "engine": "peer"}, peer_paths)
+            rss_row.peer = rss_peer
+            if err:
+                notes.append(f"llama.cpp: {err}")
+        if base_ours is not None:
+            notes.append(f"Python + numpy before loading {base_ours:.0f} MiB (VmHWM of a child process per engine)")
+        rss_row.note = "; ".join(notes)
+        result["rss_mib"] = {"ours": rss_ours, "ours_start": base_ours, "peer": rss_peer, "peer_start": base_peer}
+    else:
+        rss_row.note = "not measured (--no-rss)"
+    rows.append(rss_row)
+
+    # Decode roofline.
+    log(f"[bench] memory read bandwidth (numpy sum over {cfg.bandwidth_mib} MiB)")
+    bw = measure_bandwidth(cfg.bandwidth_mib, cfg.threads)
+    wb = weight_bytes_per_token(cfg.model)
+    floor_ms = wb["total"] / (bw["all_gbs"] * 1e9) * 1e3
+    ours_ms = 1e3 / decode_row.ours if decode_row.ours else None
+    peer_ms = 1e3 / decode_row.peer if decode_row.peer else None
+    rows.append(Row("decode_ms", "decode time per token", "ms", False, ours_ms, peer_ms,
+                    note=f"floor {floor_ms:.2f} ms"))
+    rows.append(Row("decode_bound", "decode: bandwidth floor / time", "%", True,
+                    floor_ms / ours_ms * 100 if ours_ms else None, floor_ms / peer_ms * 100 if peer_ms else None))
+    result["roofline"] = {"weight_bytes_per_token": wb, "bandwidth": bw, "floor_ms": floor_ms,
+                          "ours_ms": ours_ms, "peer_ms": peer_ms}
+    result["rows"] = [r.as_dict() for r in rows]
+    result["bench_process_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result["wall_s"] = time.perf_counter() - t_start
+    result["load_average_end"] = _loadavg()
+    return result
+
+
+def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
+    from . import _engine
+
+    row = Row("vision_encode", "vision encode, one 512x512 tile", "ms", False)
+    if not cfg.vision:
+        row.note = "not run (--no-vision)"
+        return row
+    log = cfg.log
+    try:
+        if cfg.mmproj is not None:
+            mmproj, text = cfg.mmproj, None
+        else:
+            text, mmproj = build_vision_model(cfg.cache_dir, cfg.vision_layers, log)
+    except (RuntimeError, ValueError, OSError, ImportError) as exc:
+        row.note = f"skipped: {exc}"
+        return row
+    vis = _engine.ClipVisionModel(_engine.GGUFFile(str(mmproj)), threads=cfg.threads)
+    vcfg = vis.config
+    size = int(vcfg["image_size"])
+    row.label = f"vision encode, one {size}x{size} tile"
+    rng = np.random.default_rng(0)
+    pixels = rng.uniform(-1.0, 1.0, (1, 3, size, size)).astype(np.float32)
+
+    def ours_once() -> float:
+        t0 = time.perf_counter()
+        vis.encode(pixels)
+        return (time.perf_counter() - t0) * 1e3
+
+    cli = find_mtmd_cli(cfg.mtmd_cli) if cfg.peer else None
+    peer_samples: list[float] = []
+    peer_note = ""
+    image_path: Path | None = None
+    if cfg.peer and cli is None:
+        peer_note = "llama.cpp: no llama-mtmd-cli binary found (scripts/install_bench_extra.sh --with-mtmd builds one)"
+    elif cli is not None and text is None:
+        peer_note = "llama.cpp: needs the text GGUF beside --mmproj; not run"
+        cli = None
+    peer_proj = mmproj
+    if cli is not None:
+        try:
+            peer_proj = peer_mmproj(mmproj, size)
+        except (ValueError, OSError) as exc:
+            peer_note = f"llama.cpp: {exc}"
+            cli = None
+    if cli is not None:
+        import cv2
+
+        image_path = Path(tempfile.mkdtemp(prefix="edgevlm-bench-")) / "tile.png"
+        cv2.imwrite(str(image_path), rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+
+    def peer_once() -> float:
+        nonlocal peer_note
+        assert cli is not None and text is not None and image_path is not None
+        times, err = _peer_vision_once(cli, text, peer_proj, image_path, cfg.threads)
+        if err:
+            peer_note = err
+            return float("nan")
+        peer_samples.extend(times)
+        return float(statistics.median(times))
+
+    log(f"[bench] vision encode ({vcfg['n_layer']} layers, {size}x{size}) x{cfg.repeats}"
+        + (f", llama.cpp via {cli}" if cli else ""))
+    # No warm-up run: one encode costs seconds, and paging in the weights is a small part of it.
+    a, b = _alternate(cfg.repeats, ours_once, peer_once if cli else None)
+    row.ours = _median(a)
+    good = [x for x in b if x == x]
+    row.peer = _median(good) if good else None
+    row.samples = {"ours_ms": a, "peer_ms": b, "peer_slices_ms": peer_samples}
+    notes = [f"{vcfg['n_layer']} layers, width {vcfg['n_embd']}, random weights"]
+    if peer_note:
+        notes.append(peer_note)
+    elif cli:
+        notes.append("llama.cpp: median time per encoded tile printed by llama-mtmd-cli (its mmproj copy has "
+                     "preproc_image_size = one tile, so a frame is one tile + llama.cpp's global view)")
+    row.note = "; ".join(notes)
+    result["vision"] = {"mmproj": str(mmproj), "config": dict(vcfg), "peer_cli": cli}
+    if image_path is not None:
+        shutil.rmtree(image_path.parent, ignore_errors=True)
+    return row
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "%":
+        return f"{v:.0f}%"
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The human-readable report: a markdown table plus the roofline and notes."""
+    m = result["machine"]
+    lines = [
+        f"edgevlm bench - {result['date']} - {m['cpu']} ({m['cores']} cores, {m['arch']}) - "
+        f"{result['threads']} threads, median of {result['repeats']}",
+        f"model: {Path(result['model']).name}; peer: {result['peer_status']}",
+        "",
+        "| measure | unit | ours | llama.cpp | ours/llama.cpp | better |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        ratio = r["ratio_ours_over_peer"]
+        lines.append(f"| {r['label']} | {r['unit']} | {_fmt(r['ours'], r['unit'])} | {_fmt(r['peer'], r['unit'])} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {r['better']} |")
+    rf = result["roofline"]
+    wb, bw = rf["weight_bytes_per_token"], rf["bandwidth"]
+    lines += [
+        "",
+        f"decode roofline: {wb['total'] / 1e6:.1f} MB of weights read per token "
+        f"(layers {'/'.join(wb['layer_types'])} {wb['layers'] / 1e6:.1f} MB, head {wb['head_type']} "
+        f"{wb['head'] / 1e6:.1f} MB); read bandwidth {bw['single_gbs']:.1f} GB/s on 1 thread, "
+        f"{bw['all_gbs']:.1f} GB/s on {int(bw['threads'])} (numpy sum over {int(bw['mib'])} MiB) "
+        f"-> floor {rf['floor_ms']:.2f} ms/token",
+    ]
+    vs = []
+    for who, key in (("ours", "ours_ms"), ("llama.cpp", "peer_ms")):
+        if rf[key]:
+            share = rf["floor_ms"] / rf[key] * 100
+            vs.append(f"{who} {rf[key]:.2f} ms vs {rf['floor_ms']:.2f} ms ({share:.0f}% of the bound)")
+    if vs:
+        lines.append("decode time vs floor: " + "; ".join(vs))
+    notes = [f"{r['label']}: {r['note']}" for r in result["rows"] if r["note"]]
+    if notes:
+        lines += ["", "notes:"] + [f"  - {n}" for n in notes]
+    lines.append(f"  - our kernels: {result.get('ours_variants')} (operator table: {result.get('optable')})")
+    if result.get("peer_omp_wait_policy"):
+        lines.append(f"  - llama.cpp threads: {result['peer_omp_wait_policy']}")
+    if result.get("peer_extra_bufts"):
+        eb = result["peer_extra_bufts"]
+        lines.append(f"  - llama.cpp extra buffer types (repack/AMX): {'on' if eb['on'] else 'off'} ({eb['why']})")
+    if result.get("peer_system_info"):
+        lines.append(f"  - llama.cpp: {result['peer_system_info']}")
+    lines.append(f"  - bench wall time {result['wall_s']:.0f} s; load average (1/5/15 min) at start "
+                 f"{result.get('load_average_start')}, at end {result.get('load_average_end')} on {m['cores']} cores")
+    return "\n".join(lines)
+
+
+def write_png(result: dict[str, Any], path: Path) -> None:
+    """A bar chart of speed ours / llama.cpp per measure (>1: ours faster), drawn with OpenCV."""
+    import cv2
+
+    bars = []
+    for r in result["rows"]:
+        ratio = r["ratio_ours_over_peer"]
+        if ratio is None or r["key"] in ("decode_ms", "decode_bound"):
+            continue
+        speed = ratio if r["higher_is_better"] else 1.0 / ratio if ratio else 0.0
+        bars.append((r["label"], speed))
+    w, row_h, left = 900, 34, 340
+    h = 70 + row_h * max(1, len(bars)) + 30
+    img = np.full((h, w, 3), 255, np.uint8)
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    m = result["machine"]
+    cv2.putText(img, f"ours vs llama.cpp (>1: ours better) - {result['date']}", (10, 22), font, 0.55, (0, 0, 0), 1)
+    cv2.putText(img, f"{m['cpu']}, {result['threads']} threads, {Path(result['model']).name}", (10, 44), font, 0.45,
+                (60, 60, 60), 1)
+    top = max((s for _, s in bars), default=1.0)
+    scale = (w - left - 80) / max(top, 1.0)
+    x1 = left + int(scale)
+    for i, (label, s) in enumerate(bars):
+        y = 60 + i * row_h
+        cv2.putText(img, label[:42], (10, y + 20), font, 0.45, (0, 0, 0), 1)
+        color = (80, 160, 60) if s >= 1.0 else (60, 60, 200)
+        cv2.rectangle(img, (left, y + 6), (left + int(s * scale), y + row_h - 6), color, -1)
+        cv2.putText(img, f"{s:.2f}x", (left + int(s * scale) + 6, y + 21), font, 0.45, (0, 0, 0), 1)
+    if bars:
+        cv2.line(img, (x1, 55), (x1, 60 + row_h * len(bars)), (0, 0, 0), 1)
+    else:
+        cv2.putText(img, "no llama.cpp numbers (peer missing)", (10, 80), font, 0.5, (0, 0, 0), 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not cv2.imwrite(str(path), img):
+        raise OSError(f"cannot write {path}")
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': token counts must be >= 1")
+    return vals
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the `bench` arguments to a (sub)parser."""
+    parser.add_argument("--model", help="GGUF text model (default: SmolLM2-135M-Instruct Q4_1 from models/)")
+    parser.add_argument("--threads", type=_positive_int, default=2, help="threads for both engines (2)")
+    parser.add_argument("--repeats", type=_positive_int, default=None, help="runs per measure, median reported (3)")
+    parser.add_argument("--prefill-tokens", type=_int_list, default=None, help="prefill lengths (64,512)")
+    parser.add_argument("--decode-tokens", type=_positive_int, default=None, help="tokens decoded (128)")
+    parser.add_argument("--no-peer", action="store_true", help="do not run llama.cpp")
+    parser.add_argument("--peer-flash-attn", action="store_true", help="llama.cpp with flash attention on")
+    parser.add_argument("--peer-omp-wait", choices=["auto", "default", "passive"], default="auto",
+                        help="OMP_WAIT_POLICY for llama.cpp's OpenMP threads: auto = PASSIVE when the machine is "
+                        "busy (load >= cores), else OpenMP's default")
+    parser.add_argument("--peer-extra-bufts", choices=["auto", "on", "off"], default="auto",
+                        help="llama.cpp's extra buffer types (repack/AMX): auto = on unless a probe crashes")
+    parser.add_argument("--no-vision", action="store_true", help="skip the vision encoder")
+    parser.add_argument("--vision-layers", type=_positive_int, default=None,
+                        help="layers of the random vision tower (12, as SmolVLM-256M)")
+    parser.add_argument("--mmproj", default=None, help="time this mmproj instead of a random one (ours only)")
+    parser.add_argument("--mtmd-cli", default=None, help="llama.cpp's llama-mtmd-cli (default: venv, then PATH)")
+    parser.add_argument("--cache-dir", default=None, help="where the random vision model is kept "
+                        "(~/.cache/edgevlm_ros/bench)")
+    parser.add_argument("--bandwidth-mib", type=_positive_int, default=None,
+                        help="array size for the bandwidth measure (1024 MiB)")
+    parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS child processes")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes for a smoke test: prefill 8,16, decode 8, 1 repeat, 1 vision layer")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                        help="write the raw numbers as JSON to FILE (alone: JSON on stdout, the table on stderr)")
+    parser.add_argument("--png", default=None, metavar="FILE", help="also draw the ratios as a PNG chart")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    from .paths import resolve_model
+
+    quick = bool(getattr(args, "quick", False))
+
+    def pick(name: str, normal: Any, fast: Any) -> Any:
+        v = getattr(args, name, None)
+        return v if v is not None else (fast if quick else normal)
+
+    return BenchConfig(
+        model=resolve_model(args.model),
+        threads=args.threads,
+        repeats=pick("repeats", 3, 1),
+        prefill_tokens=tuple(pick("prefill_tokens", (64, 512), (8, 16))),
+        decode_tokens=pick("decode_tokens", 128, 8),
+        peer=not args.no_peer,
+        peer_flash_attn=bool(args.peer_flash_attn),
+        peer_extra_bufts=args.peer_extra_bufts,
+        peer_omp_wait=args.peer_omp_wait,
+        vision=not args.no_vision,
+        vision_layers=pick("vision_layers", 12, 1),
+        mmproj=Path(args.mmproj) if args.mmproj else None,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else default_cache_dir(),
+        bandwidth_mib=pick("bandwidth_mib", 1024, 32),
+        rss=not args.no_rss,
+        mtmd_cli=args.mtmd_cli,
+    )
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Runs a parsed `bench` command: prints the table (and JSON / PNG when asked). Returns 0."""
+    cfg = config_from_args(args)
+    result = run(cfg)
+    table = format_table(result)
+    if args.json == "-":
+        print(table, file=sys.stderr)
+        print(json.dumps(result, indent=1))
+    else:
+        print(table)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            print(f"raw numbers: {args.json}")
+    if args.png:
+        write_png(result, Path(args.png))
+        print(f"chart: {args.png}", file=sys.stderr if args.json == "-" else sys.stdout)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgevlm bench", description=__doc__.split("\n\n")[0])
+    add_bench_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_bench(args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"edgevlm bench: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

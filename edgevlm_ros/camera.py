@@ -1,0 +1,429 @@
+"""`edgevlm camera`: a camera for testing without one — publishes sensor_msgs/Image (rgb8) at a rate.
+
+    edgevlm camera [--source SRC] [--rate HZ] [--frames N] [--size WxH] [--seed S] [--loop] ...
+
+Sources (`--source`):
+  scenes (default)     the synthetic world of `edgevlm_ros.scenes` (what the demo model knows), frame i of
+                       stream `--seed`, `--size` (default 320x240); the ground truth goes out beside it
+  DIR                  the images of a folder (png, jpg, bmp, ppm/pgm, tif, webp), in name order
+  FILE                 a video file (anything OpenCV's FFmpeg backend reads)
+  /dev/videoN, v4l2:N  a V4L2 device through OpenCV (`--size` asks the driver for that size)
+Folder and video stop at their end unless `--loop`; `--frames N` stops after N frames (0: never).
+`--size` resizes folder and video frames too (default: as they are).
+
+Topics (relative, so `--ros-args -r __ns:=/robot1` or a remap moves them; `--topic` renames):
+  image          sensor_msgs/Image, encoding rgb8, header.stamp = the node clock when the frame was
+                 taken (so `use_sim_time` works), header.frame_id = `--frame-id` (default "camera").
+                 QoS: best effort, keep last 1 (`--reliable`, `--depth` change it).
+  image/caption  std_msgs/String, scenes only, one per frame, reliable keep-last 10: a JSON object
+                 {"stamp": {"sec", "nanosec"}, "frame_id", "index", "seed", "width", "height",
+                 "caption"} whose stamp equals the image's. A subscriber joins the two on the stamp
+                 and can rebuild the whole scene (to score a description) with `scene_from_caption()`.
+                 The stamp identifies the frame; header.frame_id stays a coordinate frame name, as
+                 REP 103 wants, rather than carrying text.
+
+Nothing network-wide is set here: discovery follows the environment (the Makefile and the tests
+set ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST). rclpy is imported only when the publisher starts,
+so the frame sources below (and `import edgevlm_ros.camera`) work without ROS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .scenes import Scene, generate_scene
+
+__all__ = [
+    "Frame",
+    "FrameSource",
+    "SceneSource",
+    "FolderSource",
+    "VideoSource",
+    "DeviceSource",
+    "add_camera_arguments",
+    "caption_message",
+    "open_source",
+    "run_camera",
+    "scene_from_caption",
+    "split_ros_args",
+]
+
+log = logging.getLogger("edgevlm.camera")
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".pnm", ".tif", ".tiff", ".webp")
+DEFAULT_SEED = 42  # a stream the demo model never saw in training (tools/train_demo_vlm.py)
+DEFAULT_SIZE = (320, 240)  # 230 KB per rgb8 frame: fits Fast DDS's default 512 KB shared-memory segment
+
+
+class SourceError(RuntimeError):
+    """A source that cannot be opened or read: the message says which and why."""
+
+
+@dataclass
+class Frame:
+    """One frame: RGB uint8 (H, W, 3), and for generated scenes what it shows."""
+
+    rgb: np.ndarray
+    index: int
+    scene: Scene | None = None
+
+
+class FrameSource:
+    """Yields frames until the source ends (None)."""
+
+    name = "source"
+
+    def read(self) -> Frame | None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases the device or file (idempotent)."""
+
+    def __iter__(self) -> Iterator[Frame]:
+        while (f := self.read()) is not None:
+            yield f
+
+
+def _resize(rgb: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
+    import cv2
+
+    if size is None or (rgb.shape[1], rgb.shape[0]) == size:
+        return rgb
+    return np.ascontiguousarray(cv2.resize(rgb, size, interpolation=cv2.INTER_AREA))
+
+
+def _bgr_to_rgb(image: np.ndarray) -> np.ndarray:
+    """OpenCV's BGR / BGRA / grey frames -> RGB uint8."""
+    import cv2
+
+    if image.dtype != np.uint8:  # 16-bit PNG / TIFF: keep the high byte
+        image = (image >> 8).astype(np.uint8) if image.dtype == np.uint16 else image.astype(np.uint8)
+    if image.ndim == 2:
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
+    if image.shape[2] == 4:
+        return cv2.cvtColor(image, cv2.COLOR_BGRA2RGB)
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+class SceneSource(FrameSource):
+    """Frames start, start + 1, ... of a scene stream; endless."""
+
+    name = "scenes"
+
+    def __init__(self, seed: int = DEFAULT_SEED, size: tuple[int, int] = DEFAULT_SIZE, start: int = 0) -> None:
+        self.seed, self.size, self.next_index = int(seed), size, int(start)
+        generate_scene(self.seed, self.next_index, *size)  # refuses a size too small, now
+
+    def read(self) -> Frame:
+        scene = generate_scene(self.seed, self.next_index, *self.size)
+        self.next_index += 1
+        return Frame(scene.image(), scene.index, scene)
+
+
+class FolderSource(FrameSource):
+    """The images of a folder in name order; unreadable files are skipped with a warning."""
+
+    name = "folder"
+
+    def __init__(self, folder: str | Path, loop: bool = False, size: tuple[int, int] | None = None) -> None:
+        self.folder = Path(folder)
+        self.files = sorted(p for p in self.folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not self.files:
+            raise SourceError(f"folder '{folder}' has no images ({', '.join(IMAGE_EXTENSIONS)})")
+        self.loop, self.size = loop, size
+        self._pos = 0
+        self._count = 0
+        self._readable_this_pass = 0
+
+    def read(self) -> Frame | None:
+        import cv2
+
+        while True:
+            if self._pos == len(self.files):
+                if not self.loop or self._readable_this_pass == 0:
+                    return None
+                self._pos, self._readable_this_pass = 0, 0
+            path = self.files[self._pos]
+            self._pos += 1
+            image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+            if image is None:
+                log.warning("skipping '%s': not a readable image", path)
+                continue
+            self._readable_this_pass += 1
+            frame = Frame(_resize(_bgr_to_rgb(image), self.size), self._count)
+            self._count += 1
+            return frame
+
+
+class VideoSource(FrameSource):
+    """A video file, or (device=True) a V4L2 device, through OpenCV."""
+
+    name = "video"
+
+    def __init__(self, target: str | int, loop: bool = False, size: tuple[int, int] | None = None,
+                 device: bool = False) -> None:
+        import cv2
+
+        self.target, self.loop, self.size, self.device = target, loop, size, device
+        if device:
+            self.name = "v4l2"
+            self.cap = cv2.VideoCapture(target, cv2.CAP_V4L2)
+            if self.cap.isOpened() and size is not None:
+                # Ask the driver; frames it sends in another size are resized below.
+                self.cap.set(cv2.CAP_PROP_FRAME_WIDTH, size[0])
+                self.cap.set(cv2.CAP_PROP_FRAME_HEIGHT, size[1])
+        else:
+            self.cap = cv2.VideoCapture(str(target))
+        if not self.cap.isOpened():
+            what = "V4L2 device" if device else "video file"
+            raise SourceError(f"cannot open {what} '{target}'")
+        self._count = 0
+
+    def read(self) -> Frame | None:
+        import cv2
+
+        ok, image = self.cap.read()
+        if not ok and self.loop and not self.device and self._count > 0:
+            self.cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
+            ok, image = self.cap.read()
+        if not ok:
+            if self.device:
+                raise SourceError(f"V4L2 device '{self.target}' stopped delivering frames")
+            return None
+        frame = Frame(_resize(_bgr_to_rgb(image), self.size), self._count)
+        self._count += 1
+        return frame
+
+    def close(self) -> None:
+        self.cap.release()
+
+
+def DeviceSource(target: str | int, size: tuple[int, int] | None = None) -> VideoSource:  # noqa: N802
+    """A V4L2 camera: `/dev/video0`, or its index."""
+    return VideoSource(target, size=size, device=True)
+
+
+_V4L2 = re.compile(r"^(?:v4l2:(?P<n>\d+)|(?P<dev>/dev/video\d+))$")
+
+
+def open_source(spec: str, *, seed: int = DEFAULT_SEED, size: tuple[int, int] | None = None, start: int = 0,
+                loop: bool = False) -> FrameSource:
+    """`scenes`, a folder, a video file, `/dev/videoN` or `v4l2:N` (see the module docstring)."""
+    m = _V4L2.match(spec)
+    if m:
+        return DeviceSource(int(m.group("n")) if m.group("n") else m.group("dev"), size=size)
+    if spec == "scenes":
+        return SceneSource(seed, size or DEFAULT_SIZE, start)
+    path = Path(spec)
+    if path.is_dir():
+        return FolderSource(path, loop=loop, size=size)
+    if path.is_file():
+        return VideoSource(path, loop=loop, size=size)
+    raise SourceError(f"source '{spec}' is not 'scenes', a folder, a video file, /dev/videoN or v4l2:N")
+
+
+# -- the caption message ------------------------------------------------------------------------------
+
+
+def caption_message(scene: Scene, sec: int, nanosec: int, frame_id: str) -> str:
+    """The JSON text published on image/caption for a generated frame."""
+    return json.dumps({"stamp": {"sec": sec, "nanosec": nanosec}, "frame_id": frame_id, "index": scene.index,
+                       "seed": scene.seed, "width": scene.width, "height": scene.height,
+                       "caption": scene.caption}, separators=(",", ":"))
+
+
+def scene_from_caption(text: str) -> tuple[tuple[int, int], Scene]:
+    """((sec, nanosec), scene) from an image/caption message: the scene is generated again, exactly."""
+    data = json.loads(text)
+    scene = generate_scene(int(data["seed"]), int(data["index"]), int(data["width"]), int(data["height"]))
+    if scene.caption != data["caption"]:
+        raise ValueError("caption message does not match its scene (another scenes.py version?)")
+    return (int(data["stamp"]["sec"]), int(data["stamp"]["nanosec"])), scene
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+
+def _size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)[xX](\d+)", text.strip())
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size like 320x240")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0 < value <= 1000:
+        raise argparse.ArgumentTypeError(f"rate {value} must be in (0, 1000] Hz")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def add_camera_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the `camera` arguments to a (sub)parser (see the module docstring)."""
+    parser.add_argument("--source", default="scenes",
+                        help="scenes (default: the demo world), a folder of images, a video file, "
+                        "/dev/videoN or v4l2:N")
+    parser.add_argument("--rate", type=_rate, default=5.0, help="frames per second (default 5)")
+    parser.add_argument("--frames", type=_count, default=0, help="stop after this many frames (default 0: never)")
+    parser.add_argument("--size", type=_size, default=None,
+                        help="WxH: scene size (default 320x240), resize for folder/video, requested from a device")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"scene stream (default {DEFAULT_SEED})")
+    parser.add_argument("--start", type=_count, default=0, help="first scene index (default 0)")
+    parser.add_argument("--loop", action="store_true", help="folder / video: start again at the end")
+    parser.add_argument("--topic", default="image", help="image topic (default: image)")
+    parser.add_argument("--caption-topic", default=None, help="ground-truth topic (default: <topic>/caption)")
+    parser.add_argument("--frame-id", default="camera", help="header.frame_id (default: camera)")
+    parser.add_argument("--reliable", action="store_true", help="reliable QoS for images (default: best effort)")
+    parser.add_argument("--depth", type=_count, default=1, help="image QoS keep-last depth (default 1)")
+    parser.add_argument("--wait-subscribers", type=_count, default=0,
+                        help="before the first frame, wait until this many image subscribers matched (default 0)")
+    parser.add_argument("--node-name", default="edgevlm_camera", help="ROS node name (default: edgevlm_camera)")
+    parser.add_argument("--quiet", action="store_true", help="no line per frame on stdout")
+    # `--ros-args ...` cannot pass through argparse: split it off first (split_ros_args) and set this.
+    parser.set_defaults(ros_args=[])
+    return parser
+
+
+def split_ros_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(our arguments, `--ros-args ...` and everything after it) — for rclpy.init."""
+    argv = list(argv)
+    if "--ros-args" in argv:
+        i = argv.index("--ros-args")
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+@dataclass
+class _Stats:
+    published: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def _publish_loop(node: Any, source: FrameSource, args: argparse.Namespace, stats: _Stats) -> None:
+    """Publishes frames at args.rate until the source ends, args.frames are out, or shutdown."""
+    import rclpy
+    from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+    from sensor_msgs.msg import Image
+    from std_msgs.msg import String
+
+    reliability = ReliabilityPolicy.RELIABLE if args.reliable else ReliabilityPolicy.BEST_EFFORT
+    image_pub = node.create_publisher(Image, args.topic, QoSProfile(history=HistoryPolicy.KEEP_LAST,
+                                                                    depth=max(args.depth, 1),
+                                                                    reliability=reliability))
+    caption_pub = None
+    if isinstance(source, SceneSource):
+        caption_topic = args.caption_topic or f"{args.topic}/caption"
+        caption_pub = node.create_publisher(String, caption_topic, QoSProfile(
+            history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE))
+    deadline = time.monotonic() + 60.0
+    while args.wait_subscribers and image_pub.get_subscription_count() < args.wait_subscribers:
+        if time.monotonic() > deadline:
+            raise SourceError(f"no {args.wait_subscribers} subscriber(s) on {image_pub.topic_name} after 60 s")
+        rclpy.spin_once(node, timeout_sec=0.05)
+    node.get_logger().info(f"publishing {source.name} frames on {image_pub.topic_name} at {args.rate:g} Hz"
+                           + (f" (ground truth on {caption_pub.topic_name})" if caption_pub else ""))
+    period = 1.0 / args.rate
+    start = time.monotonic()
+    i = 0
+    while rclpy.ok() and (args.frames == 0 or i < args.frames):
+        # Frame i leaves at start + i * period: a slow frame does not shift the ones after it.
+        delay = start + i * period - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        elif delay < -period:  # fell behind by more than a frame (a slow source): pace from now on
+            start = time.monotonic() - i * period
+        frame = source.read()
+        if frame is None:
+            break
+        rgb = np.ascontiguousarray(frame.rgb)
+        stamp = node.get_clock().now().to_msg()
+        msg = Image(height=rgb.shape[0], width=rgb.shape[1], encoding="rgb8", is_bigendian=0,
+                    step=rgb.shape[1] * 3, data=rgb.tobytes())
+        msg.header.stamp = stamp
+        msg.header.frame_id = args.frame_id
+        image_pub.publish(msg)
+        if caption_pub is not None and frame.scene is not None:
+            caption_pub.publish(String(data=caption_message(frame.scene, stamp.sec, stamp.nanosec, args.frame_id)))
+        stats.published += 1
+        i += 1
+        if not args.quiet:
+            truth = f"  {frame.scene.caption}" if frame.scene is not None else ""
+            print(f"frame {frame.index} {stamp.sec}.{stamp.nanosec:09d} {rgb.shape[1]}x{rgb.shape[0]}{truth}",
+                  flush=True)
+
+
+def run_camera(args: argparse.Namespace) -> int:
+    """Runs a parsed `camera` command. 0 at the end of the source / after --frames / on Ctrl-C or
+    SIGTERM; 2 for a source that cannot be opened; 1 when it fails while running. Errors are one
+    line on stderr."""
+    import signal
+
+    try:
+        source = open_source(args.source, seed=args.seed, size=args.size, start=args.start, loop=args.loop)
+    except (SourceError, ValueError, OSError) as exc:
+        print(f"edgevlm camera: error: {exc}", file=sys.stderr)
+        return 2
+
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+
+    ros_args = list(args.ros_args or [])
+    stats = _Stats()
+    node = None
+    code = 0
+    try:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends as quietly as Ctrl-C
+        rclpy.init(args=["edgevlm_camera", *ros_args])
+        node = rclpy.create_node(args.node_name)
+        _publish_loop(node, source, args, stats)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        code = 0
+    except (SourceError, ValueError, OSError, RuntimeError) as exc:
+        print(f"edgevlm camera: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
+        code = 1
+    finally:
+        source.close()
+        if node is not None:
+            node.destroy_node()
+        rclpy.try_shutdown()
+    seconds = time.monotonic() - stats.started
+    print(f"edgevlm camera: published {stats.published} frames in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgevlm camera", description=__doc__.split("\n\n")[0])
+    add_camera_arguments(parser)
+    ours, ros = split_ros_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(ours)
+    args.ros_args = ros
+    return run_camera(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

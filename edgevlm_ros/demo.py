@@ -1,0 +1,207 @@
+"""`edgevlm demo`: the main job on a laptop with no robot, camera or downloaded VLM.
+
+Starts, as real ROS 2 processes talking over DDS (discovery kept on this machine):
+  1. the camera publisher (`edgevlm camera`, generated scenes with their ground truth),
+  2. the node (`edgevlm_node`) with the embedded demo model: our trained mmproj on the real,
+     frozen SmolLM2-135M-Instruct,
+and monitors them from this process: every described frame's text beside its ground truth, the
+per-stage latencies with running p50/p99, dropped frames. Ctrl-C stops everything; with
+`--frames N` it stops after N described frames and prints a summary (accuracy, latency
+percentiles, dropped frames).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .latency_stats import LatencyWindow
+
+STAGES = ("preprocess", "vision", "prefill", "decode", "total")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--frames", type=int, default=0,
+                        help="stop after this many described frames (0: run until Ctrl-C)")
+    parser.add_argument("--rate", type=float, default=2.0, help="camera frames per second (default 2)")
+    parser.add_argument("--threads", type=int, default=0, help="engine threads (0: the machine's cores)")
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="token budget per frame (32)")
+    parser.add_argument("--seed", type=int, default=None, help="scene stream seed (default: the camera's)")
+    parser.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    return parser
+
+
+@dataclass
+class DemoStats:
+    described: int = 0
+    objects: int = 0
+    objects_right: int = 0
+    counts_right: int = 0
+    exact: int = 0
+    unmatched: int = 0  # descriptions whose ground truth never arrived
+    latency: dict[str, LatencyWindow] = field(default_factory=lambda: {s: LatencyWindow(10_000) for s in STAGES})
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        n = max(self.described - self.unmatched, 1)
+        return {
+            "frames_described": self.described,
+            "objects_fully_right": self.objects_right / max(self.objects, 1),
+            "count_right": self.counts_right / n,
+            "exact_captions": self.exact / n,
+            "latency_ms": {s: {"p50": w.p50, "p99": w.p99} for s, w in self.latency.items()},
+            "node_counters": self.counters,
+        }
+
+
+def _ros_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"  # nothing leaves this machine
+    env.setdefault("ROS_DOMAIN_ID", str(random.randint(1, 100)))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _start_children(args: argparse.Namespace, text_model: Path, mmproj: Path, env: dict[str, str]) -> list[Any]:
+    py = sys.executable
+    camera = [py, "-m", "edgevlm_ros.cli", "camera", "--rate", str(args.rate)]
+    if args.seed is not None:
+        camera += ["--seed", str(args.seed)]
+    node = [py, "-m", "edgevlm_ros.node", "--ros-args", "-r", "__node:=edgevlm",
+            "--params-file", str(ROOT / "config" / "edgevlm.yaml"),
+            "-p", f"model:={text_model}", "-p", f"mmproj:={mmproj}",
+            "-p", f"max_new_tokens:={args.max_new_tokens}", "-p", f"threads:={args.threads}"]
+    procs = []
+    for cmd in (node, camera):
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True, start_new_session=True))
+    return procs
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+    deadline = time.monotonic() + 5
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _line(stats: DemoStats, text: str, truth: str | None, verdict: str, ms: dict[str, float]) -> str:
+    lat = " ".join(f"{s} {ms.get(s, float('nan')):.0f}" for s in STAGES)
+    tot = stats.latency["total"]
+    dropped = stats.counters.get("frames_dropped", 0)
+    return (f"[{stats.described:4d}] {text!r}\n       truth: {truth!r} {verdict}\n"
+            f"       ms: {lat} | total p50 {tot.p50:.0f} p99 {tot.p99:.0f} | dropped {dropped}")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from .demo_model import DEMO_MMPROJ_PATH, ensure_demo_text_model
+
+    if not DEMO_MMPROJ_PATH.exists():
+        raise FileNotFoundError(f"the embedded demo mmproj {DEMO_MMPROJ_PATH} is missing")
+    text_model = ensure_demo_text_model()
+    env = _ros_env()
+    os.environ.update({k: env[k] for k in ("ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_DOMAIN_ID")})
+
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.executors import ExternalShutdownException
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    from .camera import scene_from_caption
+    from .scenes import score
+
+    stats = DemoStats()
+    truths: dict[tuple[int, int], Any] = {}
+    procs = _start_children(args, text_model, DEMO_MMPROJ_PATH, env)
+    rclpy.init()
+    node = rclpy.create_node("edgevlm_demo_monitor")
+
+    def on_caption(msg: String) -> None:
+        stamp, scene = scene_from_caption(msg.data)
+        truths[stamp] = scene
+        if len(truths) > 500:  # keep the recent ground truth only
+            del truths[next(iter(truths))]
+
+    def on_diagnostics(msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            values = {kv.key: kv.value for kv in status.values}
+            if "frames_received" in values:
+                stats.counters = {k: int(float(values[k])) for k in values if k.startswith("frames_")}
+            if not status.name.endswith(": frame") or "text" not in values:
+                continue
+            stats.described += 1
+            ms = {s: float(values.get(f"{s}_ms", "nan")) for s in STAGES}
+            for s in STAGES:
+                stats.latency[s].add(ms[s])
+            scene = truths.get((msg.header.stamp.sec, msg.header.stamp.nanosec))
+            if scene is None:
+                stats.unmatched += 1
+                verdict = "(no ground truth)"
+            else:
+                sc = score(values["text"], scene)
+                stats.objects += sc.count_true
+                stats.objects_right += sc.n_right
+                stats.counts_right += int(sc.count_right)
+                stats.exact += int(sc.exact)
+                verdict = f"objects {sc.n_right}/{sc.count_true} count {'ok' if sc.count_right else 'WRONG'}"
+            if not args.json:
+                print(_line(stats, values["text"], scene.caption if scene else None, verdict, ms), flush=True)
+
+    node.create_subscription(String, "image/caption", on_caption, QoSProfile(depth=50,
+                             reliability=ReliabilityPolicy.RELIABLE))
+    node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 50)
+    if not args.json:
+        print(f"edgevlm demo: camera at {args.rate} fps -> node ({text_model.name} + {DEMO_MMPROJ_PATH.name}); "
+              "Ctrl-C to stop", flush=True)
+    start = time.monotonic()
+    code = 0
+    try:
+        while rclpy.ok():
+            rclpy.spin_once(node, timeout_sec=0.2)
+            if args.frames and stats.described >= args.frames:
+                break
+            if args.timeout and time.monotonic() - start > args.timeout:
+                print("edgevlm demo: timed out", file=sys.stderr)
+                code = 1
+                break
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                err = (dead[0].stderr.read() or "").strip().splitlines()
+                print(f"edgevlm demo: a child process exited ({err[-1] if err else dead[0].returncode})",
+                      file=sys.stderr)
+                code = 1
+                break
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        _stop(procs)
+        node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    summary = stats.summary()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        lat = ", ".join(f"{s} p50 {v['p50']:.0f} / p99 {v['p99']:.0f} ms" for s, v in summary["latency_ms"].items())
+        print(f"\nsummary: {stats.described} frames described; objects fully right "
+              f"{summary['objects_fully_right']:.1%}, count right {summary['count_right']:.1%}; {lat}; "
+              f"node counters {summary['node_counters']}")
+    return code

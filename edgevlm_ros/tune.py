@@ -1,0 +1,445 @@
+"""`edgevlm tune`: measure every kernel variant on this machine and write the operator table.
+
+For each weight format and phase (decode: one token, m = 1; prefill: m = 64 tokens) the matrix
+shapes of the model (its layer matrices; for decode also the output head) are run through every
+matmul variant that is available here and supports the format, with random weights. Decode
+weights are stacked to 16 MiB per call, so every call streams its weights from beyond
+L2 as a real decode step does and the per-call set-up cost is small beside the work. The
+candidates are timed round-robin (--repeats rounds, best of them); per (format, phase) they are
+ranked by the sum of their best times over the shapes, and written fastest first, each with the
+features the built-in table names for it, the scalar reference last. When the output head's
+winner differs from the layers' winner, a `rows>=N` rule for the head comes first. Attention
+variants are timed on one head against 1024 keys (the vision tower's length).
+
+The table is written to optable.TUNED_TABLE (~/.cache/edgevlm_ros/optable.tsv) or --out; the
+engine loads it at its next start (or at once: optable.activate(path)). run_tune() leaves the
+written table active in the calling process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+PREFILL_M = 64
+ATTN_KV, ATTN_DIM = 1024, 64
+
+# SmolLM2-135M's matrices (rows, k), used when no model file is at hand.
+DEFAULT_LAYER_SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536))
+DEFAULT_HEAD_SHAPE = (49152, 576)
+
+
+@dataclass
+class Measure:
+    """Best seconds per call of every candidate on one (format, phase, shape)."""
+
+    fmt: str
+    phase: str
+    rows: int
+    k: int
+    m: int
+    stacked_rows: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    is_head: bool = False
+
+
+@dataclass
+class TuneResult:
+    """What tune measured and the table it wrote."""
+
+    path: Path
+    text: str
+    measures: list[Measure]
+    attention: dict[str, float]
+    threads: int
+
+
+# -- shapes and weights -------------------------------------------------------------------------
+
+
+def model_shapes(model: Path | None) -> tuple[list[tuple[int, int]], tuple[int, int] | None, str]:
+    """(distinct layer matrix shapes (rows, k), the output head's shape, a description) of a GGUF
+    text model's first layer; SmolLM2-135M's shapes when model is None or has no layers."""
+    if model is None:
+        return list(DEFAULT_LAYER_SHAPES), DEFAULT_HEAD_SHAPE, "SmolLM2-135M shapes (built in)"
+    from . import _engine
+
+    tensors = _engine.GGUFFile(str(model)).tensors()
+    first = sorted({t["name"].split(".")[1] for t in tensors if t["name"].startswith("blk.")}, key=int)
+    shapes: list[tuple[int, int]] = []
+    head: tuple[int, int] | None = None
+    by_name = {t["name"]: t for t in tensors}
+    for t in tensors:
+        if len(t["shape"]) != 2:
+            continue
+        k, rows = int(t["shape"][0]), int(t["shape"][1])
+        if first and t["name"].startswith(f"blk.{first[0]}.") and (rows, k) not in shapes:
+            shapes.append((rows, k))
+    head_t = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    if head_t is not None and len(head_t["shape"]) == 2:
+        head = (int(head_t["shape"][1]), int(head_t["shape"][0]))
+    if not shapes:
+        return list(DEFAULT_LAYER_SHAPES), DEFAULT_HEAD_SHAPE, f"{model.name} has no layers: SmolLM2-135M shapes"
+    return shapes, head, f"{model.name}"
+
+
+def random_weight(fmt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw GGUF bytes of a rows x k matrix of random weights (rows repeat every 256)."""
+    from . import _engine
+
+    base = min(rows, 256)
+    x = rng.normal(0.0, 0.05, (base, k)).astype(np.float32)
+    if fmt == "BF16":
+        raw = (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(base, -1)
+    else:
+        raw = np.asarray(_engine.quantize(fmt, x.ravel()), dtype=np.uint8).reshape(base, -1)
+    reps = -(-rows // base)
+    return np.ascontiguousarray(np.tile(raw, (reps, 1))[:rows]).ravel()
+
+
+def _row_bytes(fmt: str, k: int) -> int:
+    per_block = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34)}
+    n, b = per_block[fmt]
+    return k // n * b
+
+
+# -- timing -------------------------------------------------------------------------------------
+
+
+def _time_round_robin(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best (minimum) seconds per call of each function: one warm-up call each, then `repeats`
+    rounds in which every function runs once, so all share the machine's noise. The minimum, not
+    the median: on a shared machine a sample is only ever slowed down by others, never sped up,
+    and the question is which variant is fastest here, not how busy the machine was."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: float(min(v)) for name, v in samples.items()}
+
+
+def matmul_candidates(fmt: str) -> list[str]:
+    """Names of the matmul variants that run here and support fmt (the reference included)."""
+    from . import _engine
+
+    return [v["name"] for v in _engine.list_variants()
+            if v["op"] == "matmul" and v["available"] and fmt in v["formats"]]
+
+
+def attention_candidates() -> list[str]:
+    from . import _engine
+
+    return [v["name"] for v in _engine.list_variants() if v["op"] == "attention" and v["available"]]
+
+
+def variant_features(builtin_text: str) -> dict[tuple[str, str], str]:
+    """(operator, variant) -> the features column the built-in table gives it (first rule wins)."""
+    feats: dict[tuple[str, str], str] = {}
+    for line in builtin_text.replace(";", "\n").splitlines():
+        cols = line.split("#", 1)[0].split()
+        if len(cols) == 6:
+            feats.setdefault((cols[0], cols[5]), cols[4])
+    return feats
+
+
+@dataclass
+class TuneConfig:
+    model: Path | None = None
+    threads: int = 2
+    out: Path | None = None
+    formats: tuple[str, ...] = FORMATS
+    repeats: int = 5
+    decode_mib: float = 16.0
+    prefill_m: int = PREFILL_M
+    quick: bool = False
+    log: Callable[[str], None] = field(default=lambda s: print(s, flush=True))
+
+
+def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, float], str]:
+    """Times every candidate, returns (matmul measures, attention seconds per call, shapes note)."""
+    from . import _engine
+
+    rng = np.random.default_rng(0)
+    if cfg.quick:
+        layer_shapes: list[tuple[int, int]] = [(64, 64), (96, 128)]
+        head: tuple[int, int] | None = (512, 64)
+        what = "quick shapes"
+    else:
+        layer_shapes, head, what = model_shapes(cfg.model)
+    measures: list[Measure] = []
+    log = cfg.log
+    # What one kernel_matmul call costs beyond the product (argument checks, starting the
+    # call's thread pool): timed on a 1 x 32 product and subtracted from every measure.
+    tiny_w = np.zeros(32, dtype=np.float32).view(np.uint8)
+    tiny_x = np.zeros((1, 32), dtype=np.float32)
+    overhead = _time_round_robin(
+        {"call": lambda: _engine.kernel_matmul("ref", "F32", tiny_w, 1, 32, tiny_x, cfg.threads)},
+        max(cfg.repeats, 5) * 4)["call"]
+    log(f"  per-call overhead (subtracted): {overhead * 1e6:.1f} us")
+    for fmt in cfg.formats:
+        cands = matmul_candidates(fmt)
+        if not cands:
+            log(f"  {fmt}: no variant runs it here")
+            continue
+        for phase in ("decode", "prefill"):
+            m = 1 if phase == "decode" else cfg.prefill_m
+            shapes = [(r, k, False) for r, k in layer_shapes]
+            if phase == "decode" and head is not None:
+                shapes.append((head[0], head[1], True))
+            for rows, k, is_head in shapes:
+                stacked = rows
+                if phase == "decode" and not is_head:
+                    # Enough rows that one call streams ~decode_mib MiB (rows repeat the shape's pattern).
+                    want = int(cfg.decode_mib * (1 << 20) / _row_bytes(fmt, k))
+                    stacked = max(rows, want // rows * rows)
+                if is_head:
+                    cap = int(64 * (1 << 20) / _row_bytes(fmt, k))  # at most 64 MiB of head
+                    stacked = min(rows, max(cap, 1))
+                w = random_weight(fmt, stacked, k, rng)
+                x = rng.normal(0.0, 1.0, (m, k)).astype(np.float32)
+                fns: dict[str, Callable[[], object]] = {
+                    name: (lambda name=name, fmt=fmt, w=w, x=x, stacked=stacked, k=k:
+                           _engine.kernel_matmul(name, fmt, w, stacked, k, x, cfg.threads))
+                    for name in cands
+                }
+                reps = cfg.repeats
+                secs = {n: max(t - overhead, 1e-9) for n, t in _time_round_robin(fns, reps).items()}
+                mm = Measure(fmt, phase, rows, k, m, stacked, secs, is_head)
+                measures.append(mm)
+                log("  " + _describe(mm))
+    attn: dict[str, float] = {}
+    names = attention_candidates()
+    if names:
+        n_kv = 64 if cfg.quick else ATTN_KV
+        q = rng.normal(size=ATTN_DIM).astype(np.float32)
+        kk = rng.normal(size=(n_kv, ATTN_DIM)).astype(np.float32)
+        vv = rng.normal(size=(n_kv, ATTN_DIM)).astype(np.float32)
+        calls = 20 if cfg.quick else 200
+
+        def loop(name: str) -> Callable[[], object]:
+            def run() -> None:
+                for _ in range(calls):
+                    _engine.kernel_attention(name, q, kk, vv, 0.125)
+            return run
+
+        attn = {n: s / calls for n, s in _time_round_robin({n: loop(n) for n in names}, cfg.repeats).items()}
+        ranked = ", ".join(f"{n} {s * 1e6:.1f} us" for n, s in sorted(attn.items(), key=lambda kv: kv[1]))
+        log(f"  attention (1 query, {n_kv} keys, dim {ATTN_DIM}): {ranked}")
+    return measures, attn, what
+
+
+def _describe(mm: Measure) -> str:
+    flops = 2.0 * mm.rows * mm.k * mm.m
+    parts = []
+    for name, s in sorted(mm.seconds.items(), key=lambda kv: kv[1]):
+        per_shape = s * mm.rows / mm.stacked_rows  # time for the real (unstacked) matrix
+        if mm.phase == "decode":
+            gbs = _row_bytes(mm.fmt, mm.k) * mm.stacked_rows / s / 1e9
+            parts.append(f"{name} {per_shape * 1e6:.1f} us ({gbs:.1f} GB/s)")
+        else:
+            parts.append(f"{name} {per_shape * 1e3:.2f} ms ({flops / per_shape / 1e9:.1f} GFLOP/s)")
+    head = " head" if mm.is_head else ""
+    return f"{mm.fmt:5s} {mm.phase:7s} {mm.rows}x{mm.k}{head} m={mm.m}: " + ", ".join(parts)
+
+
+def rank(measures: Sequence[Measure], fmt: str, phase: str, head: bool) -> list[tuple[str, float]]:
+    """Candidates of (fmt, phase) by the sum over shapes of the real-shape time, fastest first."""
+    total: dict[str, float] = {}
+    for mm in measures:
+        if mm.fmt != fmt or mm.phase != phase or mm.is_head != head:
+            continue
+        for name, s in mm.seconds.items():
+            total[name] = total.get(name, 0.0) + s * mm.rows / mm.stacked_rows
+    return sorted(total.items(), key=lambda kv: kv[1])
+
+
+def build_table(measures: Sequence[Measure], attn: dict[str, float], builtin_text: str, header: Sequence[str]) -> str:
+    """The tuned operator table: per (format, phase) the candidates fastest first, ref last; the
+    built-in rules follow as fallbacks for anything not measured."""
+    feats = variant_features(builtin_text)
+    lines = [f"# {h}" if h else "#" for h in header]
+    lines.append("# operator  format  phase  shape  features  variant    # measured time per call")
+    formats = list(dict.fromkeys(mm.fmt for mm in measures))
+
+    def rules(fmt: str, phase: str, shape: str, ranked: list[tuple[str, float]], unit: str) -> list[str]:
+        out = []
+        for name, s in ranked:
+            if name == "ref":
+                continue
+            t = f"{s * 1e6:.1f} us" if unit == "us" else f"{s * 1e3:.3f} ms"
+            out.append(f"matmul  {fmt}  {phase}  {shape}  {feats.get(('matmul', name), '-')}  {name}  # {t}")
+        ref = dict(ranked).get("ref")
+        note = f"  # {ref * 1e6:.1f} us" if ref is not None and unit == "us" else (
+            f"  # {ref * 1e3:.3f} ms" if ref is not None else "")
+        out.append(f"matmul  {fmt}  {phase}  {shape}  -  ref{note}")
+        return out
+
+    for fmt in formats:
+        for phase in ("decode", "prefill"):
+            layers = rank(measures, fmt, phase, head=False)
+            if not layers:
+                continue
+            heads = rank(measures, fmt, phase, head=True)
+            unit = "us" if phase == "decode" else "ms"
+            if heads and heads[0][0] != layers[0][0]:
+                max_layer_rows = max(mm.rows for mm in measures if mm.fmt == fmt and not mm.is_head)
+                head_rows = min(mm.rows for mm in measures if mm.fmt == fmt and mm.is_head)
+                threshold = 1 << max_layer_rows.bit_length()  # next power of two above the layers
+                if threshold <= head_rows:
+                    lines += rules(fmt, phase, f"rows>={threshold}", heads, unit)
+            lines += rules(fmt, phase, "any", layers, unit)
+    if attn:
+        for name, s in sorted(attn.items(), key=lambda kv: kv[1]):
+            if name != "ref":
+                lines.append(f"attention  *  *  any  {feats.get(('attention', name), '-')}  {name}  # {s * 1e6:.2f} us")
+        lines.append("attention  *  *  any  -  ref")
+    lines.append("# built-in rules (kernels/optable.tsv) as fallbacks for anything not measured above")
+    for line in builtin_text.replace(";", "\n").splitlines():
+        body = line.split("#", 1)[0].strip()
+        if body:
+            lines.append(body)
+    return "\n".join(lines) + "\n"
+
+
+def tune(cfg: TuneConfig) -> TuneResult:
+    """Measures, writes the table (atomically) and activates it in this process."""
+    from . import _engine, optable
+
+    log = cfg.log
+    out = cfg.out or optable.TUNED_TABLE
+    cpu = _cpu_name()
+    log(f"edgevlm tune: {cpu}, {cfg.threads} threads, CPU features "
+        f"{sorted(k for k, v in _engine.cpu_features().items() if v)}")
+    measures, attn, what = measure_all(cfg)
+    header = [
+        "Operator implementation table tuned by `edgevlm tune` (format: see kernels/optable.tsv).",
+        f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} on {cpu}, {cfg.threads} threads, "
+        f"shapes of {what}, best of {cfg.repeats} rounds.",
+        f"decode: m=1, weights stacked to ~{cfg.decode_mib:g} MiB per call, prefill: m={cfg.prefill_m}. "
+        "Times are per call of the real shape, summed over the shapes.",
+        "Within each (format, phase): fastest first; the scalar reference last.",
+        "",
+    ]
+    header = [h.replace(";", ",") for h in header]  # the table parser reads ';' as a line break
+    text = build_table(measures, attn, optable._builtin_text(), header)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        optable.activate(tmp)  # the engine's own parser checks it before it replaces anything
+    except ValueError:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, out)
+    optable.activate(out)
+    return TuneResult(out, text, measures, attn, cfg.threads)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    vals = tuple(x.strip().upper() for x in text.split(",") if x.strip())
+    bad = [v for v in vals if v not in FORMATS]
+    if bad or not vals:
+        raise argparse.ArgumentTypeError(
+            f"unknown format(s) {', '.join(bad) or text!r} (choose from {','.join(FORMATS)})")
+    return vals
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds the `tune` arguments to a (sub)parser."""
+    parser.add_argument("--model", help="GGUF text model whose shapes to measure (default: SmolLM2-135M from models/)")
+    parser.add_argument("--threads", type=_positive_int, default=None, help="threads (default: cores, at most 8)")
+    parser.add_argument("--out", default=None, help="table file (default: ~/.cache/edgevlm_ros/optable.tsv, "
+                        "which the engine loads at start)")
+    parser.add_argument("--formats", type=_formats, default=FORMATS,
+                        help="weight formats (all: " + ",".join(FORMATS) + ")")
+    parser.add_argument("--repeats", type=_positive_int, default=None, help="timed rounds per shape (5)")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 round: a smoke test, not a tuning")
+    return parser
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Runs a parsed `tune` command. Prints what it measured and where the table went; returns 0."""
+    from . import optable
+    from .paths import default_threads, resolve_model
+
+    model: Path | None = None
+    if args.model or not args.quick:
+        try:
+            model = resolve_model(args.model)
+        except FileNotFoundError:
+            if args.model:
+                raise
+            model = None  # no default model fetched: SmolLM2's shapes are built in
+    cfg = TuneConfig(
+        model=model,
+        threads=args.threads or default_threads(),
+        out=Path(args.out) if args.out else None,
+        formats=tuple(args.formats),
+        repeats=args.repeats or (1 if args.quick else 5),
+        decode_mib=0.25 if args.quick else 16.0,
+        prefill_m=8 if args.quick else PREFILL_M,
+        quick=bool(args.quick),
+    )
+    result = tune(cfg)
+    print(f"wrote {result.path}")
+    if result.path.resolve() == optable.TUNED_TABLE.resolve():
+        env = os.environ.get("EDGEVLM_OPTABLE")
+        if env:
+            print(f"note: $EDGEVLM_OPTABLE={env} takes precedence over it at engine start")
+        else:
+            print("the engine loads it at its next start")
+    else:
+        print(f"use it with EDGEVLM_OPTABLE={result.path} (or optable.activate(path))")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgevlm tune", description=__doc__.split("\n\n")[0])
+    add_tune_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_tune(args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"edgevlm tune: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

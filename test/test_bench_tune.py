@@ -1,0 +1,200 @@
+"""`edgevlm bench` and `edgevlm tune` smoke tests: tiny sizes, no timed assertions.
+
+The bench must run without llama.cpp (the peer is hidden here even where it is installed) and
+print the table with every row; tune must write a table the engine accepts and whose rules then
+decide which kernel variant serves each (format, phase, shape).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgevlm_ros import _engine, bench, optable, tune
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_CACHE = ROOT / "build" / "test-fixtures" / "bench"  # the random vision model, reused across runs
+
+EXPECTED_ROWS = [
+    "prefill 8 tokens",
+    "prefill 16 tokens",
+    "decode 8 tokens",
+    "first token, no prefix cache",
+    "first token, prefix cache",
+    "vision encode",
+    "peak RSS",
+    "decode time per token",
+    "decode: bandwidth floor / time",
+]
+
+
+@pytest.fixture
+def restore_optable():
+    """Tests here activate other tables: put the default lookup back afterwards."""
+    saved = optable.TUNED_TABLE
+    try:
+        yield
+    finally:
+        optable.TUNED_TABLE = saved
+        optable.activate()
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| measure")]
+
+
+def test_bench_quick_without_llama_cpp(tmp_path, monkeypatch, capsys, text_model_path):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now fails
+    out_json = tmp_path / "bench.json"
+    png = tmp_path / "bench.png"
+    rc = bench.main(["--quick", "--model", str(text_model_path), "--json", str(out_json), "--png", str(png),
+                     "--cache-dir", str(BENCH_CACHE), "--peer-omp-wait", "default"])
+    assert rc == 0
+    printed = capsys.readouterr()
+    text = printed.out
+    assert "peer: llama-cpp-python is not installed" in text
+    rows = _table_rows(text)
+    labels = [r[0] for r in rows]
+    for want in EXPECTED_ROWS:
+        assert any(label.startswith(want) for label in labels), (want, labels)
+    for r in rows:
+        assert r[3] == "-" and r[4] == "-", r  # no peer numbers, no ratios
+    assert "decode roofline:" in text and "decode time vs floor: ours" in text
+
+    result = json.loads(out_json.read_text())
+    by_key = {r["key"]: r for r in result["rows"]}
+    for key in ("prefill_8", "prefill_16", "decode_8", "ttft_nocache", "ttft_cache", "decode_ms"):
+        assert by_key[key]["ours"] > 0, key
+        assert by_key[key]["peer"] is None and by_key[key]["ratio_ours_over_peer"] is None
+    assert by_key["peak_rss"]["ours"] > 0
+    vision = by_key["vision_encode"]
+    assert vision["ours"] is not None and vision["ours"] > 0 or vision["note"].startswith("skipped"), vision
+    rf = result["roofline"]
+    assert rf["weight_bytes_per_token"]["total"] > 90e6  # SmolLM2-135M Q4_1: 96.6 MB
+    assert rf["bandwidth"]["single_gbs"] > 0 and rf["floor_ms"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_no_peer_flag_and_json_on_stdout(capsys, text_model_path):
+    rc = bench.main(["--quick", "--model", str(text_model_path), "--no-peer", "--no-vision", "--no-rss",
+                     "--prefill-tokens", "4", "--decode-tokens", "2", "--bandwidth-mib", "8", "--json"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)  # stdout is the JSON alone
+    assert result["peer_status"] == "not run (--no-peer)"
+    assert [r["key"] for r in result["rows"]][:2] == ["prefill_4", "decode_2"]
+    assert "| measure |" in captured.err  # the table went to stderr
+
+
+def test_bench_table_ratios():
+    """format_table with peer numbers: ratio ours/peer and which side is better, per direction."""
+    rows = [
+        bench.Row("prefill_64", "prefill 64 tokens", "tokens/s", True, 300.0, 150.0),
+        bench.Row("ttft_cache", "first token, prefix cache", "ms", False, 20.0, 40.0),
+        bench.Row("peak_rss", "peak RSS", "MiB", False, 200.0, 100.0),
+    ]
+    result = {
+        "date": "2026-01-01 00:00 UTC", "machine": {"cpu": "Test CPU", "cores": 2, "arch": "x86_64", "features": []},
+        "model": "/m/model.gguf", "threads": 2, "repeats": 3, "peer_status": "llama-cpp-python 0.3.36",
+        "rows": [r.as_dict() for r in rows], "wall_s": 1.0,
+        "roofline": {"weight_bytes_per_token": {"total": 96.6e6, "layers": 66.5e6, "head": 30.1e6, "head_type": "Q8_0",
+                                                "layer_types": ["Q4_1"]},
+                     "bandwidth": {"single_gbs": 12.0, "all_gbs": 20.0, "threads": 2.0, "mib": 1024.0},
+                     "floor_ms": 4.83, "ours_ms": 10.0, "peer_ms": 20.0},
+    }
+    text = bench.format_table(result)
+    table = {r[0]: r for r in _table_rows(text)}
+    assert table["prefill 64 tokens"][4:6] == ["2.00", "ours"]
+    assert table["first token, prefix cache"][4:6] == ["0.50", "ours"]
+    assert table["peak RSS"][4:6] == ["2.00", "llama.cpp"]
+    assert "ours 10.00 ms vs 4.83 ms (48% of the bound)" in text
+    assert "llama.cpp 20.00 ms vs 4.83 ms (24% of the bound)" in text
+
+
+def test_bandwidth_and_weight_bytes(text_model_path):
+    bw = bench.measure_bandwidth(8, 2, repeats=1)
+    assert bw["single_gbs"] > 0 and bw["all_gbs"] > 0
+    wb = bench.weight_bytes_per_token(text_model_path)
+    # 30 layers of Q4_1 (66.5 MB) + the tied Q8_0 head (30.1 MB) + norm + one embedding row
+    assert wb["layers"] == 30 * (3 * 552960 + 2 * 69120 + 2 * 207360 + 2 * 2304)
+    assert wb["head"] == 30081024 and wb["head_type"] == "Q8_0" and wb["layer_types"] == ["Q4_1"]
+
+
+def _first_rules(text: str) -> dict[tuple[str, str, str], str]:
+    """(format, phase, shape) -> the first variant the table names for it (as written)."""
+    first: dict[tuple[str, str, str], str] = {}
+    for line in text.replace(";", "\n").splitlines():
+        cols = line.split("#", 1)[0].split()
+        if len(cols) == 6 and cols[0] == "matmul":
+            first.setdefault((cols[1], cols[2], cols[3]), cols[5])
+    return first
+
+
+def test_tune_quick_writes_a_table_the_engine_uses(tmp_path, capsys, restore_optable):
+    out = tmp_path / "optable.tsv"
+    rc = tune.main(["--quick", "--out", str(out), "--threads", "2"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "Q4_1  decode" in printed and "attention" in printed and f"wrote {out}" in printed
+    text = out.read_text()
+    assert optable.activate(out) == str(out)  # the engine's parser accepts it
+    assert _engine.optable_source() == str(out)
+    first = _first_rules(text)
+    available = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul" and v["available"]}
+    for fmt in tune.FORMATS:
+        for phase in ("decode", "prefill"):
+            variant = first[(fmt, phase, "any")]
+            assert variant in available
+            # A layer-sized matrix (below any rows>= head rule) gets exactly the written winner.
+            assert _engine.choose_matmul(fmt, phase, 96, 128) == variant, (fmt, phase)
+            # ...and the reference closes every (format, phase) block.
+            tuned = text.split("# built-in rules", 1)[0]
+            block = [ln.split()[5] for ln in tuned.splitlines() if ln.split()[:4] == ["matmul", fmt, phase, "any"]]
+            assert block[-1] == "ref" and "ref" not in block[:-1]
+
+
+def _measure(fmt, phase, secs, rows=576, k=576, head=False):
+    return tune.Measure(fmt, phase, rows, k, 1 if phase == "decode" else 64, rows, secs, head)
+
+
+def test_tune_table_order_changes_the_choice(tmp_path, restore_optable):
+    """A table ranked from (made-up) measures that contradict the built-in choice changes what
+    choose_matmul picks, per phase and per shape class (the output head gets its own rule)."""
+    measures = [
+        _measure("Q4_1", "decode", {"avx2_q8act": 3e-5, "avx2_f32act": 1e-5, "ref": 9e-5}),
+        _measure("Q4_1", "prefill", {"avx2_gemm": 3e-3, "avx2_f32act": 1e-3, "ref": 9e-3}),
+        _measure("Q8_0", "decode", {"avx2_q8act": 5e-5, "avx2_f32act": 4e-5, "ref": 1e-4}, rows=1536),
+        _measure("Q8_0", "decode", {"avx2_q8act": 1e-3, "avx2_f32act": 2e-3, "ref": 9e-3}, rows=49152, head=True),
+    ]
+    available = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul" and v["available"]}
+    if not {"avx2_q8act", "avx2_f32act", "avx2_gemm"} <= available:
+        pytest.skip("needs the AVX2 variants")
+    text = tune.build_table(measures, {}, optable._builtin_text(), ["test"])
+    path = tmp_path / "t.tsv"
+    path.write_text(text)
+    optable.activate()
+    assert _engine.choose_matmul("Q4_1", "decode", 576, 576) == "avx2_q8act"  # built-in default
+    optable.activate(path)
+    assert _engine.choose_matmul("Q4_1", "decode", 576, 576) == "avx2_f32act"
+    assert _engine.choose_matmul("Q4_1", "prefill", 576, 576) == "avx2_f32act"
+    assert _engine.choose_matmul("Q8_0", "decode", 1536, 576) == "avx2_f32act"
+    assert "matmul  Q8_0  decode  rows>=2048" in text
+    assert _engine.choose_matmul("Q8_0", "decode", 49152, 576) == "avx2_q8act"  # the head's own winner
+    # Formats not measured fall through to the built-in rules appended after the tuned ones.
+    assert _engine.choose_matmul("F16", "prefill", 576, 576) == "avx2_gemm"
+
+
+def test_tune_default_path_is_the_tuned_table(tmp_path, monkeypatch, capsys, restore_optable):
+    """Without --out the table goes to optable.TUNED_TABLE (pointed into tmp here), which the
+    default lookup then picks up."""
+    monkeypatch.delenv("EDGEVLM_OPTABLE", raising=False)
+    optable.TUNED_TABLE = tmp_path / "cache" / "optable.tsv"
+    rc = tune.main(["--quick", "--formats", "Q8_0"])
+    assert rc == 0
+    assert "the engine loads it at its next start" in capsys.readouterr().out
+    assert optable.TUNED_TABLE.is_file()
+    assert optable.activate() == str(optable.TUNED_TABLE)
