@@ -62,6 +62,7 @@ struct OpTable {
                  float theta_base, bool neox);
     void (*silu_mul)(float* a, const float* b, int64_t n);  // a = silu(a) * b
     void (*gelu_tanh)(float* a, int64_t n);
+    void (*softmax)(float* x, int64_t n, float scale);  // x = softmax(scale * x), max-subtracted
     void (*add)(float* a, const float* b, int64_t n);      // a += b
 };
 

@@ -24,6 +24,7 @@ void rope_ref(float*, int64_t, int64_t, int64_t, float, float, bool);
 void silu_mul_ref(float*, const float*, int64_t);
 void gelu_tanh_ref(float*, int64_t);
 void add_ref(float*, const float*, int64_t);
+void softmax_ref(float*, int64_t, float);
 #if defined(__aarch64__)
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
@@ -176,6 +177,7 @@ OpTable make_elementwise() {
     t.silu_mul = silu_mul_ref;
     t.gelu_tanh = gelu_tanh_ref;
     t.add = add_ref;
+    t.softmax = softmax_ref;
     return t;
 }
 

@@ -55,6 +55,18 @@ void gelu_tanh_ref(float* a, int64_t n) {
     }
 }
 
+void softmax_ref(float* x, int64_t n, float scale) {
+    float mx = x[0];
+    for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(scale * (x[i] - mx));
+        sum += x[i];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
 void add_ref(float* a, const float* b, int64_t n) {
     for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }

@@ -127,7 +127,8 @@ ClipVisionModel::ClipVisionModel(std::shared_ptr<const GGUFFile> file, int n_thr
     alloc(att_, np * d);
     alloc(ff_, np * ff);
     alloc(shuffled_, np * d);
-    alloc(scores_, static_cast<int64_t>(compute_.threads()) * np);
+    alloc(s_, std::min(kQueryBlock, np) * np);
+    alloc(vt_, np * (d / cfg_.n_head));
 }
 
 void ClipVisionModel::linear(const Weight& w, const std::vector<float>& bias, const float* x, int64_t n, float* y) {
@@ -136,26 +137,28 @@ void ClipVisionModel::linear(const Weight& w, const std::vector<float>& bias, co
         for (int64_t t = 0; t < n; ++t) compute_.ops().add(y + t * w.rows, bias.data(), w.rows);
 }
 
-// Bidirectional multi-head attention over all patches; work items are (patch, head) pairs.
+// Bidirectional multi-head attention as matrix products, one head at a time and queries in blocks
+// of kQueryBlock: S = Q_h K_h^T with the prefill GEMM (keys as the weight rows), a scaled softmax
+// over each row of S, then O_h = S V_h (V_h transposed once per head so its rows are contiguous).
+// One query at a time this was ~12% of the FMA peak and 60% of a layer's time.
 void ClipVisionModel::attention(int64_t n) {
-    const evk::AttentionFn fn = compute_.ops().attention;
+    const evk::OpTable& op = compute_.ops();
     const int64_t d = cfg_.n_embd, hd = d / cfg_.n_head;
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-    auto body = [&](int64_t item, int t) {
-        const int64_t tok = item / cfg_.n_head, h = item % cfg_.n_head;
-        evk::AttentionArgs a{};
-        a.q = &q_[tok * d + h * hd];
-        a.k = &k_[h * hd];
-        a.v = &v_[h * hd];
-        a.k_stride = a.v_stride = d;
-        a.n_kv = n;
-        a.head_dim = hd;
-        a.scale = scale;
-        a.out = &att_[tok * d + h * hd];
-        a.scores = scores_.data() + static_cast<int64_t>(t) * n;
-        fn(a);
-    };
-    compute_.pool().run(n * cfg_.n_head, body);
+    for (int64_t h = 0; h < cfg_.n_head; ++h) {
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < hd; ++j) vt_[j * n + i] = v_[i * d + h * hd + j];
+        Weight keys = make_weight(evk::DType::F32, &k_[h * hd], n, hd);
+        keys.row_bytes = static_cast<size_t>(d) * sizeof(float);  // rows of one head inside k_
+        const Weight values_t = make_weight(evk::DType::F32, vt_.data(), hd, n);
+        for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
+            const int64_t qn = std::min(kQueryBlock, n - q0);
+            compute_.matmul(keys, &q_[q0 * d + h * hd], d, qn, s_.data(), n, evk::kPrefill);
+            auto softmax = [&](int64_t row, int) { op.softmax(&s_[row * n], n, scale); };
+            compute_.pool().run(qn, softmax);
+            compute_.matmul(values_t, s_.data(), n, qn, &att_[q0 * d + h * hd], d, evk::kPrefill);
+        }
+    }
 }
 
 void ClipVisionModel::encode(const float* pixels, float* out) {

@@ -51,7 +51,8 @@ private:
     std::vector<Layer> layers_;
     bool ffn_swapped_ = false;
 
-    std::vector<float> patches_, x_, h_, q_, k_, v_, att_, ff_, shuffled_, scores_;
+    static constexpr int64_t kQueryBlock = 256;  // rows of the score matrix held at once
+    std::vector<float> patches_, x_, h_, q_, k_, v_, att_, ff_, shuffled_, s_, vt_;
 };
 
 }  // namespace evn
