@@ -41,7 +41,7 @@ import numpy as np
 
 from .gguf_writer import GGMLType, GGUFValueType, GGUFWriter
 
-__all__ = ["WEIGHT_TYPES", "add_convert_arguments", "convert", "main", "run_convert"]
+__all__ = ["WEIGHT_TYPES", "add_convert_arguments", "convert", "convert_mmproj", "main", "run_convert"]
 
 log = logging.getLogger(__name__)
 
@@ -754,6 +754,50 @@ def convert(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", *, name
     log.info("writing %s (%d tensors)", mmproj_path, len(vision_plan))
     mw.write(mmproj_path)
     return text_path, mmproj_path
+
+
+def convert_mmproj(hf_dir: str | Path, out_path: str | Path, wtype: str = "f16", *, name: str | None = None
+                   ) -> Path:
+    """Only the vision half of convert(): writes the mmproj GGUF to `out_path` and returns it.
+
+    For checkpoints that carry the vision tower and connector but not (or not yet) the text decoder's
+    weights, such as the demo model trained by tools/train_demo_vlm.py: config.json still needs its
+    `text_config` (the connector's output width is checked against it) and the image processor
+    config; text tensors, when present, are ignored. Same tensor formats and checks as convert().
+    """
+    hf = Path(hf_dir)
+    if not hf.is_dir():
+        raise ValueError(f"{hf} is not a directory")
+    if wtype not in WEIGHT_TYPES:
+        raise ValueError(f"unknown weight type {wtype!r} (choose from {', '.join(WEIGHT_TYPES)})")
+    matrix_type, file_type = WEIGHT_TYPES[wtype]
+    quantized = matrix_type not in (GGMLType.F32, GGMLType.F16)
+    config = _read_json(hf / "config.json", "model config")
+    if config.get("model_type") not in _MODEL_TYPES:
+        supported = ", ".join(_MODEL_TYPES)
+        raise ValueError(f"config.json: model_type {config.get('model_type')!r} is not supported "
+                         f"(supported: {supported})")
+    tp = _text_params(config)
+    vp = _vision_params(config)
+    pre = _preprocessor(hf)
+    tile = _longest_edge(pre, "max_image_size")
+    if tile is not None and tile != vp.image_size:
+        raise ValueError(f"image processor tile size (max_image_size.longest_edge) {tile} differs from the "
+                         f"vision tower's image_size {vp.image_size}; not supported")
+    st = _SafeTensors(hf)
+    plan = _vision_plan(st, vp, tp.n_embd, matrix_type)
+    known = {p.hf_name for p in plan}
+    unknown = sorted(n for n in st.infos if n not in known and not n.startswith(_TEXT_PREFIXES)
+                     and n != _LM_HEAD and not _IGNORED.match(n))
+    if unknown:
+        shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+        raise ValueError(f"checkpoint has tensors this converter does not know: {shown}")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mw = _mmproj_writer(name or hf.resolve().name, file_type, quantized, vp, tp.n_embd, pre)
+    _add_tensors(mw, st, plan)
+    log.info("writing %s (%d tensors)", out, len(plan))
+    return mw.write(out)
 
 
 # -- command line ---------------------------------------------------------------------------------

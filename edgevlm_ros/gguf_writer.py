@@ -202,6 +202,7 @@ def _encode_array(etype: GGUFValueType, items: Sequence[Any]) -> bytes:
 # -- tensors -----------------------------------------------------------------------------------
 
 TensorSource = np.ndarray | Callable[[], np.ndarray]
+RawSource = bytes | bytearray | memoryview | Callable[[], bytes | bytearray | memoryview]
 
 
 @dataclass
@@ -209,9 +210,10 @@ class _TensorEntry:
     name: str
     shape: tuple[int, ...]  # numpy order
     wtype: GGMLType
-    source: TensorSource
+    source: TensorSource | RawSource
     nbytes: int
     offset: int = 0
+    raw: bool = False  # source gives the encoded bytes, written as they are
 
 
 def _encode_rows(wtype: GGMLType, rows: np.ndarray) -> bytes | memoryview:
@@ -338,6 +340,27 @@ class GGUFWriter:
         self._tensors[name] = _TensorEntry(name, shape_t, t, data, tensor_nbytes(t, shape_t))
         return t
 
+    def add_tensor_bytes(self, name: str, data: RawSource, wtype: str | GGMLType, shape: Sequence[int]) -> None:
+        """Registers a tensor whose data is already encoded as `wtype` (e.g. copied from another GGUF),
+        so its bytes are written unchanged: no decode / re-encode round trip. `shape` is numpy order;
+        the byte count is checked when the tensor is written (and now, when `data` is not callable)."""
+        raw = name.encode("utf-8")
+        if not raw or len(raw) > MAX_NAME_BYTES:
+            raise ValueError(f"tensor name {name!r} must be 1..{MAX_NAME_BYTES} bytes")
+        if name in self._tensors:
+            raise ValueError(f"tensor {name!r} is added twice")
+        shape_t = tuple(int(d) for d in shape)
+        if not 1 <= len(shape_t) <= MAX_DIMS or any(d <= 0 for d in shape_t):
+            raise ValueError(f"tensor {name!r}: shape {shape_t} must have 1..{MAX_DIMS} positive dimensions")
+        t = ggml_type_named(wtype)
+        if shape_t[-1] % _BLOCKS[t][0]:
+            raise ValueError(f"tensor {name!r}: rows of {shape_t[-1]} values are not whole {t.name} blocks")
+        nbytes = tensor_nbytes(t, shape_t)
+        if not callable(data) and memoryview(data).nbytes != nbytes:
+            raise ValueError(f"tensor {name!r}: {memoryview(data).nbytes} bytes given, {t.name} {shape_t} "
+                             f"needs {nbytes}")
+        self._tensors[name] = _TensorEntry(name, shape_t, t, data, nbytes, raw=True)
+
     @property
     def tensor_types(self) -> dict[str, GGMLType]:
         """name -> type that will be written."""
@@ -361,6 +384,13 @@ class GGUFWriter:
 
     def _write_tensor(self, f: BinaryIO, e: _TensorEntry) -> None:
         data = e.source() if callable(e.source) else e.source
+        if e.raw:
+            view = memoryview(data).cast("B")  # type: ignore[arg-type]
+            if view.nbytes != e.nbytes:
+                raise ValueError(f"tensor {e.name!r}: {view.nbytes} bytes given, expected {e.nbytes}")
+            f.write(view)
+            f.write(b"\x00" * _pad(e.nbytes, self.alignment))
+            return
         arr = np.asarray(data)
         if tuple(arr.shape) != e.shape:
             raise ValueError(f"tensor {e.name!r}: loaded shape {arr.shape} is not the declared {e.shape}")

@@ -1,0 +1,1003 @@
+#!/usr/bin/env python3
+"""Trains the embedded demo VLM's vision side and writes it, with its record, to edgevlm_ros/data/.
+
+    .venv/bin/python tools/train_demo_vlm.py            # ~1 h on a 2-core machine; a developer tool, not CI
+
+What is trained: a SigLIP-style vision tower and the idefics3 connector, built from transformers'
+own Idefics3 classes (so the math is exactly what the converter and the engine implement), on top
+of the real SmolLM2-135M-Instruct decoder, frozen (the Q4_1 GGUF dequantized to float32, plus the
+128 zero rows of SmolVLM's added tokens: edgevlm_ros/demo_model.py). The world is the synthetic
+one of edgevlm_ros/scenes.py; the target is its ground-truth caption after the chat prompt.
+
+Shapes: 128 x 128 input, 16 x 16 patches (an 8 x 8 grid), width 128, 4 layers, 2 heads, MLP 512,
+pixel shuffle scale 2 -> 16 image tokens of width 576 (about 1.1 M parameters, ~2 MB as F16).
+Small on purpose: on this 2-core machine, shared with other jobs, a 256 px tile (256 patches,
+width 192) ran ~15x slower per step and learned too little in 20 minutes (2026-11-30); what the
+tower must learn is mostly routing (which third goes to which image token), which takes steps.
+
+Two stages, because backpropagating through the 135M decoder costs ~6x more per frame than the
+tower does:
+1. "keywords": tower + connector learn to emit, at the 16 image positions, the decoder's own input
+   embeddings of the scene's key words, one slot group per third of the frame (count, size,
+   colour, shape, position; "." where a third is empty). Cheap (no decoder), and it leaves the
+   decoder reading something it already understands.
+   A throw-away linear head on the tower's patch outputs also learns, per patch, the colour and the
+   shape of the object covering it (or background): a dense, local signal that teaches the tower to
+   see much faster than the 16 slots alone; it is not part of the exported model. And one attention
+   head (layer 3 of 4, head 0) is told where to look: the patches of a mention's image tokens attend
+   to the patches of that third's objects. Without it the tower learned the routing far too slowly
+   for the time here (colour right in 30% of the slots after 950 steps).
+2. "caption": the last tower layer, the post-norm and the connector learn, through the frozen
+   decoder, to make it write the exact caption (cross-entropy on the caption and <|im_end|>),
+   for the two prompts the package uses ("Describe what you see." and the node's
+   "Describe the image in one sentence.").
+
+Then: export (transformers-layout checkpoint -> edgevlm_ros.convert.convert_mmproj, F16), and an
+evaluation on `--eval-frames` frames of `--eval-seed` (never used in training) through OUR engine
+and through torch (the same F16-rounded vision weights, the same dequantized decoder): accuracy by
+edgevlm_ros.scenes.score, greedy text agreement, near ties. Everything lands in the JSON record.
+
+Seeds: stage 1 draws frames from stream `seed`, stage 2 from `seed + 1`, its monitor from
+`seed + 2`; the evaluation seed must differ from all three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edgevlm_ros.chat_template import render_chat  # noqa: E402
+from edgevlm_ros.demo_model import (  # noqa: E402
+    BASE_VOCAB,
+    DEMO_MMPROJ_PATH,
+    DEMO_RECORD_PATH,
+    IMAGE_TOKEN_ID,
+    VOCAB_SIZE,
+    ensure_demo_text_model,
+)
+from edgevlm_ros.preprocess import IMAGE_TOKEN, PreprocessConfig, expand_image_prompt, preprocess  # noqa: E402
+from edgevlm_ros.scenes import POSITIONS, Scene, generate_scene, score  # noqa: E402
+from edgevlm_ros.tokenizer import Tokenizer  # noqa: E402
+
+log = logging.getLogger("train_demo_vlm")
+
+# -- model shape ------------------------------------------------------------------------------------
+IMAGE_SIZE = 128
+PATCH_SIZE = 16
+WIDTH = 128
+LAYERS = 4
+HEADS = 2
+MLP = 512
+SCALE = 2
+N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE**2  # 16
+TEXT_WIDTH = 576
+
+# The node's default request (config/edgevlm.yaml). Stage 2 trains on it alone: decoder time is scarce.
+PROMPTS = ("Describe the image in one sentence.",)
+EXTRA_EVAL_PROMPTS = ("Describe what you see.",)  # edgevlm_ros.vlm.DEFAULT_PROMPT: reported, not trained
+# Frame sizes seen in training (width, height, probability): mostly the camera's 320x240 default,
+# some larger and other aspect ratios, so the stretch to a square tile is not one fixed factor
+# (no 640x480: drawing and resizing it costs ~5x more, and every size ends as a 128 px tile).
+FRAME_SIZES = ((320, 240, 0.65), (424, 240, 0.15), (256, 256, 0.1), (480, 360, 0.1))
+EVAL_SIZE = (320, 240)
+MAX_NEW_TOKENS = 48
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+
+def preprocess_config() -> PreprocessConfig:
+    return PreprocessConfig(tile_size=IMAGE_SIZE, longest_edge=IMAGE_SIZE, image_mean=(0.5, 0.5, 0.5),
+                            image_std=(0.5, 0.5, 0.5), image_seq_len=N_IMAGE_TOKENS, mode="single")
+
+
+def frame_size(seed: int, index: int) -> tuple[int, int]:
+    rng = np.random.default_rng([seed, index, 0x5EED])
+    i = int(rng.choice(len(FRAME_SIZES), p=[p for _, _, p in FRAME_SIZES]))
+    return FRAME_SIZES[i][0], FRAME_SIZES[i][1]
+
+
+def sample(seed: int, index: int, cfg: PreprocessConfig, size: tuple[int, int] | None = None
+           ) -> tuple[Scene, np.ndarray]:
+    w, h = size or frame_size(seed, index)
+    scene = generate_scene(seed, index, w, h)
+    return scene, preprocess(scene.image(), cfg).pixel_values[0]
+
+
+def patch_labels(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per patch of the tile (row-major), the colour and shape index of the object covering most of
+    it (at least a fifth), else the background class (len(COLOURS), len(SHAPES)). The tile is the
+    whole frame stretched, so the patch grid is the frame cut into side x side cells."""
+    import cv2
+
+    from edgevlm_ros.scenes import COLOURS, SHAPES, _object_mask
+
+    side = IMAGE_SIZE // PATCH_SIZE
+    ids = np.zeros((scene.height, scene.width), np.uint8)
+    for k, o in enumerate(scene.objects):  # later objects cover earlier ones
+        ids[_object_mask(o, scene.width, scene.height)] = k + 1
+    fractions = np.stack([cv2.resize((ids == k + 1).astype(np.float32), (side, side), interpolation=cv2.INTER_AREA)
+                          for k in range(len(scene.objects))])
+    best = fractions.argmax(0)
+    covered = fractions.max(0) >= 0.2
+    colours, shapes = list(COLOURS), list(SHAPES)
+    col = np.full(side * side, len(colours), np.int64)
+    shp = np.full(side * side, len(shapes), np.int64)
+    obj = np.full(side * side, -1, np.int64)
+    for flat, (b, c) in enumerate(zip(best.reshape(-1), covered.reshape(-1), strict=True)):
+        if c:
+            o = scene.objects[int(b)]
+            col[flat], shp[flat], obj[flat] = colours.index(o.colour), shapes.index(o.shape), int(b)
+    return col, shp, obj
+
+
+def _token_patches() -> list[list[int]]:
+    """The patches (flat, row-major) that pixel shuffle packs into each image token."""
+    side, tokens_side = IMAGE_SIZE // PATCH_SIZE, IMAGE_SIZE // PATCH_SIZE // SCALE
+    out = []
+    for k in range(tokens_side * tokens_side):
+        r, c = divmod(k, tokens_side)
+        out.append([(SCALE * r + i) * side + SCALE * c + j for i in range(SCALE) for j in range(SCALE)])
+    return out
+
+
+TOKEN_PATCHES = _token_patches()
+SLOT_GROUPS = [list(range(5 * g, 5 * g + 5)) for g in range(len(POSITIONS))]  # tokens of each third's mention
+
+
+def routing_target(scene: Scene, obj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the patches of a mention's image tokens should look: (64, 64) rows = query patches, a
+    uniform distribution over the patches of that third's objects; and which rows are supervised."""
+    n = obj.shape[0]
+    target = np.zeros((n, n), np.float32)
+    mask = np.zeros(n, bool)
+    for g, place in enumerate(POSITIONS):
+        keys = [p for p in range(n) if obj[p] >= 0 and scene.objects[int(obj[p])].position == place]
+        if not keys:
+            continue
+        for k in SLOT_GROUPS[g]:
+            for q in TOKEN_PATCHES[k]:
+                target[q, keys] = 1.0 / len(keys)
+                mask[q] = True
+    return target, mask
+
+
+class Keywords:
+    """Stage 1 targets: 16 decoder token ids per scene (5 per third + an end slot)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        def one(text: str) -> int:
+            ids = tok.encode(text, add_bos=False)
+            if len(ids) != 1:
+                raise ValueError(f"{text!r} is {len(ids)} tokens; keyword slots need single tokens")
+            return ids[0]
+
+        from edgevlm_ros.scenes import COLOURS, SHAPES, SIZES
+
+        self.count = {1: one(" a"), 2: one(" two"), 3: one(" three")}
+        self.size = {s: one(" " + s) for s in SIZES}
+        self.colour = {c: one(" " + c) for c in COLOURS}
+        self.shape = {s: one(" " + s) for s in SHAPES} | {s + "s": one(" " + s + "s") for s in SHAPES}
+        self.position = {p: one(" " + p) for p in POSITIONS}
+        self.pad = one(".")
+        vocab = {self.pad, *self.count.values(), *self.size.values(), *self.colour.values(),
+                 *self.shape.values(), *self.position.values()}
+        self.vocab = sorted(vocab)
+        self.index = {t: i for i, t in enumerate(self.vocab)}
+
+    def slots(self, scene: Scene) -> list[int]:
+        out: list[int] = []
+        for p in POSITIONS:
+            objs = [o for o in scene.objects if o.position == p]
+            if not objs:
+                out += [self.pad] * 5
+                continue
+            o, n = objs[0], len(objs)
+            out += [self.count[n], self.size[o.size], self.colour[o.colour],
+                    self.shape[o.shape + ("s" if n > 1 else "")], self.position[p]]
+        out.append(self.pad)
+        assert len(out) == N_IMAGE_TOKENS
+        return out
+
+
+@dataclass
+class Prompt:
+    """Token ids around the image for one user prompt, split as the engine splits them."""
+
+    text: str
+    prefix: list[int]  # everything before the image: the engine's cached prefix
+    rest: list[int]  # image block (with <image> x N) + the rest of the prompt up to the answer
+
+    @property
+    def image_slots(self) -> np.ndarray:
+        return np.flatnonzero(np.asarray(self.rest) == IMAGE_TOKEN_ID)
+
+
+def make_prompt(tok: Tokenizer, template: str, text: str) -> Prompt:
+    """Same rendering and split as edgevlm_ros.vlm.VisionLanguageModel (no system prompt given)."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+    bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.id_to_token(tok.eos_id) if tok.eos_id is not None else ""
+    rendered = render_chat(template, messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+    before, after = rendered.split(IMAGE_TOKEN, 1)
+    rest = tok.encode(expand_image_prompt(0, 0, N_IMAGE_TOKENS) + after, add_bos=False)
+    return Prompt(text, tok.encode(before, add_bos=False), rest)
+
+
+# -- models -----------------------------------------------------------------------------------------
+
+
+def idefics3_config() -> Any:
+    from transformers import Idefics3Config
+
+    text = {
+        "model_type": "llama", "vocab_size": VOCAB_SIZE, "hidden_size": TEXT_WIDTH, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "hidden_act": "silu",
+        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+    }
+    vision = {
+        "hidden_size": WIDTH, "intermediate_size": MLP, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+        "num_channels": 3, "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "layer_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh",
+    }
+    return Idefics3Config(text_config=text, vision_config=vision, scale_factor=SCALE, image_token_id=IMAGE_TOKEN_ID,
+                          tie_word_embeddings=True)
+
+
+class VisionSide:
+    """transformers' Idefics3VisionTransformer + Idefics3Connector: image -> 16 x 576 embeddings."""
+
+    def __init__(self, config: Any, seed: int) -> None:
+        import torch
+        from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
+
+        torch.manual_seed(seed)
+        # Eager attention (same math as SDPA) so that training can read the attention weights.
+        config.vision_config._attn_implementation = "eager"
+        self.config = config
+        self.vision = Idefics3VisionTransformer(config.vision_config)
+        self.connector = Idefics3Connector(config)
+        # Start the image tokens near the decoder's embedding scale (|e| ~ 2.5), not ~14 as nn.Linear's
+        # default gives for 3072 unit-variance inputs.
+        torch.nn.init.normal_(self.connector.modality_projection.proj.weight, std=0.002)
+        # 2-D sine/cosine position embeddings (x in half the channels, y in the other half) instead of
+        # N(0, 0.02^2): the tower's main job is routing (this third -> those image tokens), and it
+        # learns position-based attention much sooner from a clear position code.
+        side = IMAGE_SIZE // PATCH_SIZE
+        half = WIDTH // 2
+        freqs = torch.exp(-math.log(100.0) * torch.arange(half // 2) / (half // 2))
+        ys, xs = torch.meshgrid(torch.arange(side, dtype=torch.float32), torch.arange(side, dtype=torch.float32),
+                                indexing="ij")
+        def code(v: Any) -> Any:
+            a = v.reshape(-1, 1) * freqs
+            return torch.cat([a.sin(), a.cos()], 1)
+        with torch.no_grad():
+            self.vision.embeddings.position_embedding.weight.copy_(torch.cat([code(xs), code(ys)], 1))
+
+    def modules(self) -> list[Any]:
+        return [self.vision, self.connector]
+
+    def __call__(self, pixel_values: Any, with_patches: bool = False) -> Any:
+        if with_patches:
+            o = self.vision(pixel_values=pixel_values, output_attentions=True)
+            self.attentions = o.attentions
+            return self.connector(o.last_hidden_state), o.last_hidden_state
+        return self.connector(self.vision(pixel_values=pixel_values).last_hidden_state)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors under the names of an Idefics3ForConditionalGeneration checkpoint."""
+        out = {f"model.vision_model.{k}": v for k, v in self.vision.state_dict().items()}
+        out |= {f"model.connector.{k}": v for k, v in self.connector.state_dict().items()}
+        return out
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.vision.load_state_dict({k[len("model.vision_model."):]: v for k, v in sd.items()
+                                     if k.startswith("model.vision_model.")})
+        self.connector.load_state_dict({k[len("model.connector."):]: v for k, v in sd.items()
+                                        if k.startswith("model.connector.")})
+
+
+class Decoder:
+    """The frozen SmolLM2 decoder in torch, with the demo file's 49280-row (zero-extended) embeddings."""
+
+    def __init__(self, gguf: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                          dtype=torch.float32)
+        self.model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        base = self.model.model.embed_tokens.weight
+        if base.shape != (BASE_VOCAB, TEXT_WIDTH):
+            raise ValueError(f"unexpected SmolLM2 embeddings {tuple(base.shape)}")
+        self.embeddings = torch.cat([base, torch.zeros(VOCAB_SIZE - BASE_VOCAB, TEXT_WIDTH)], 0)
+        self._prefix_kv: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+
+    def embed(self, ids: Any) -> Any:
+        return self.embeddings[ids]
+
+    def logits(self, hidden: Any) -> Any:
+        return hidden @ self.embeddings.T
+
+    def prefix_cache(self, prefix: Sequence[int], batch: int) -> Any:
+        """A fresh KV cache holding `prefix` (computed once per prefix), expanded to `batch` rows."""
+        import torch
+        from transformers import DynamicCache
+
+        key = tuple(prefix)
+        if key not in self._prefix_kv:
+            with torch.no_grad():
+                out = self.model.model(inputs_embeds=self.embed(torch.tensor([key])), use_cache=True)
+            self._prefix_kv[key] = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        cache = DynamicCache(config=self.model.config)
+        for i, (k, v) in enumerate(self._prefix_kv[key]):
+            cache.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), i)
+        return cache
+
+    def hidden(self, x: Any, cache: Any) -> Any:
+        return self.model.model(inputs_embeds=x, past_key_values=cache, use_cache=True).last_hidden_state
+
+
+# -- training ---------------------------------------------------------------------------------------
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(total - warmup, 1)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+class FramePool:
+    """Frames 0 .. size-1 of one stream, generated on first use and then kept (as the preprocessed
+    float tiles): generation and Lanczos resizing cost ~20% of a stage-1 step on this machine."""
+
+    def __init__(self, seed: int, size: int, cfg: PreprocessConfig, labels: bool = False) -> None:
+        self.seed, self.size, self.cfg, self.labels = seed, size, cfg, labels
+        self._frames: dict[int, tuple[Scene, np.ndarray]] = {}
+        self._labels: dict[int, tuple[np.ndarray, ...]] = {}
+        self.last_labels: tuple[Any, Any] | None = None
+
+    def batch(self, start: int, n: int) -> tuple[list[Scene], Any]:
+        import torch
+
+        scenes, px = [], []
+        for i in range(start, start + n):
+            k = i % self.size
+            if k not in self._frames:
+                self._frames[k] = sample(self.seed, k, self.cfg)
+                if self.labels:
+                    col, shp, obj = patch_labels(self._frames[k][0])
+                    self._labels[k] = (col, shp, *routing_target(self._frames[k][0], obj))
+            s, p = self._frames[k]
+            scenes.append(s)
+            px.append(p)
+        if self.labels:
+            ks = [i % self.size for i in range(start, start + n)]
+            self.last_labels = tuple(torch.from_numpy(np.stack([self._labels[k][j] for k in ks])) for j in range(4))
+        return scenes, torch.from_numpy(np.stack(px))
+
+
+class SoftPrompt:
+    """What the decoder should receive at the 16 image positions for a scene's keyword slots:
+    E[keyword] + offset[slot] + delta[keyword], offsets and deltas learned through the frozen decoder
+    ("prompt" stage; zero before it, so the "keywords" stage targets the plain embeddings)."""
+
+    def __init__(self, embeddings: Any, kw: Keywords) -> None:
+        import torch
+
+        self.embeddings, self.kw = embeddings, kw
+        self.offsets = torch.zeros(N_IMAGE_TOKENS, TEXT_WIDTH, requires_grad=True)
+        self.deltas = torch.zeros(len(kw.vocab), TEXT_WIDTH, requires_grad=True)
+        self.index = torch.full((VOCAB_SIZE,), -1, dtype=torch.long)
+        self.index[torch.tensor(kw.vocab)] = torch.arange(len(kw.vocab))
+
+    def __call__(self, slot_ids: Any) -> Any:
+        """(B, 16) token ids -> (B, 16, 576)."""
+        return self.embeddings[slot_ids] + self.offsets + self.deltas[self.index[slot_ids]]
+
+    def candidates(self) -> Any:
+        """(16, K, 576): every keyword's target at every slot."""
+        cand = self.embeddings[self.kw.vocab] + self.deltas
+        return cand.unsqueeze(0) + self.offsets.unsqueeze(1)
+
+    def state(self) -> dict[str, Any]:
+        return {"offsets": self.offsets.detach().clone(), "deltas": self.deltas.detach().clone(),
+                "vocab": list(self.kw.vocab)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        if list(state["vocab"]) != list(self.kw.vocab):
+            raise ValueError("saved soft prompt has another keyword vocabulary")
+        with __import__("torch").no_grad():
+            self.offsets.copy_(state["offsets"])
+            self.deltas.copy_(state["deltas"])
+
+
+def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args: argparse.Namespace,
+                 cfg: PreprocessConfig, steps: int, lr: float, warmup: int, deadline: float) -> dict[str, Any]:
+    """Tower + connector regress the soft prompt of each frame's keyword slots (no decoder involved),
+    plus the dense per-patch colour / shape head."""
+    import torch
+
+    from edgevlm_ros.scenes import COLOURS, SHAPES
+
+    aux = torch.nn.Linear(WIDTH, len(COLOURS) + 1 + len(SHAPES) + 1)  # dense per-patch head, not exported
+    params = [p for m in [*vs.modules(), aux] for p in m.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.05, betas=(0.9, 0.98))
+    with torch.no_grad():
+        cand = soft.candidates()  # (16, K, 576)
+        scale = float(cand.pow(2).sum(-1).mean())
+
+    def slot_logits(out: Any) -> Any:
+        # Nearest target wins: logits are minus squared distances (consistent with the MSE).
+        return -(out.unsqueeze(-2) - cand).pow(2).sum(-1)
+
+    for m in vs.modules():
+        m.train()
+    t0 = time.time()
+    step = 0
+    acc_hist: list[float] = []
+    pool = FramePool(args.seed, args.pool1, cfg, labels=True)
+    n_col = len(COLOURS) + 1
+    for step in range(steps):
+        if time.time() > deadline:
+            log.warning("%s: time budget reached after %d steps", name, step)
+            break
+        scenes, px = pool.batch(step * args.batch1, args.batch1)
+        tgt = torch.tensor([kw.slots(s) for s in scenes])  # (B, 16) token ids
+        tgt_idx = soft.index[tgt]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        out, patches = vs(px, with_patches=True)  # (B, 16, 576), (B, 64, WIDTH)
+        logits = slot_logits(out)
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, len(kw.vocab)), tgt_idx.reshape(-1))
+        with torch.no_grad():
+            target = soft(tgt)
+        mse = (out - target).pow(2).sum(-1).mean() / scale
+        assert pool.last_labels is not None
+        col_t, shp_t, route_t, route_m = pool.last_labels
+        # Routing: head 0 of the second-to-last layer learns where each mention's tokens must look.
+        att = vs.attentions[LAYERS - 2][:, 0]  # (B, 64, 64)
+        route = -(route_t * torch.log(att + 1e-9)).sum(-1)[route_m].mean() if bool(route_m.any()) else att.sum() * 0
+        a = aux(patches)
+        n_shp = a.shape[-1] - n_col
+        dense = (torch.nn.functional.cross_entropy(a[..., :n_col].reshape(-1, n_col), col_t.reshape(-1))
+                 + torch.nn.functional.cross_entropy(a[..., n_col:].reshape(-1, n_shp), shp_t.reshape(-1)))
+        loss = ce + 0.5 * mse + 0.5 * dense + args.route_weight * route
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        acc = float((logits.argmax(-1) == tgt_idx).float().mean())
+        acc_hist.append(acc)
+        if step % 10 == 0 or step == steps - 1:
+            log.info("%s step %d/%d loss %.4f ce %.4f mse %.4f dense %.4f route %.4f slot-acc %.3f (%.0f s)", name,
+                     step, steps, loss.item(), ce.item(), mse.item(), dense.item(), route.item(), acc,
+                     time.time() - t0)
+    for m in vs.modules():
+        m.eval()
+    with torch.no_grad():
+        held = FramePool(args.seed + 2, 128, cfg)
+        scenes, px = held.batch(0, 128)
+        tgt = torch.tensor([kw.slots(s) for s in scenes])
+        out = vs(px)
+        pred = slot_logits(out).argmax(-1)
+        right = pred == soft.index[tgt]
+        held_slot = float(right.float().mean())
+        held_frame = float(right.all(-1).float().mean())
+        held_mse = float((out - soft(tgt)).pow(2).sum(-1).mean() / scale)
+        used = tgt != kw.pad
+        by_kind = {}
+        for j, kind in enumerate(("count", "size", "colour", "shape", "position")):
+            cols = [5 * g + j for g in range(len(POSITIONS))]
+            sel = used[:, cols]
+            by_kind[kind] = round(float(right[:, cols][sel].float().mean()), 4) if bool(sel.any()) else None
+    log.info("%s held-out (stream %d, 128 frames): slot accuracy %.3f, frames with every slot right %.3f, "
+             "relative mse %.4f, by kind %s", name, args.seed + 2, held_slot, held_frame, held_mse, by_kind)
+    return {"held_out_slot_accuracy": round(held_slot, 4), "held_out_frames_all_slots_right": round(held_frame, 4),
+            "held_out_accuracy_of_used_slots_by_kind": by_kind,
+            "held_out_relative_mse": round(held_mse, 4), "steps": step + 1, "frames": (step + 1) * args.batch1,
+            "distinct_frames": min(args.pool1, (step + 1) * args.batch1), "seconds": round(time.time() - t0, 1),
+            "final_slot_accuracy_train_avg20": round(float(np.mean(acc_hist[-20:])), 4) if acc_hist else None}
+
+
+def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, prompt: Prompt,
+                 args: argparse.Namespace, deadline: float, first_scene: int = 0) -> dict[str, Any]:
+    """Learns the slot offsets and keyword deltas through the frozen decoder, on scene descriptions
+    only (no pixels): the decoder must write the caption when the image positions hold soft(slots)."""
+    import torch
+
+    params = [soft.offsets, soft.deltas]
+    opt = torch.optim.Adam(params, lr=args.lr_prompt, betas=(0.9, 0.98))
+    t0 = time.time()
+    hist: list[tuple[float, float]] = []
+    step = 0
+    slots_at = torch.from_numpy(prompt.image_slots)
+    for step in range(args.steps_prompt):
+        if time.time() > deadline:
+            log.warning("prompt: time budget reached after %d steps", step)
+            break
+        first = first_scene + step * args.batch2
+        scenes = [generate_scene(args.seed + 1, i, *frame_size(args.seed + 1, i))
+                  for i in range(first, first + args.batch2)]
+        tgt, inp = caption_batch(tok, scenes)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args.steps_prompt, args.lr_prompt, 5)
+        b = len(scenes)
+        x = dec.embed(torch.tensor(prompt.rest)).unsqueeze(0).repeat(b, 1, 1)
+        x[:, slots_at] = soft(torch.tensor([kw.slots(s) for s in scenes]))
+        x = torch.cat([x, dec.embed(inp)], 1)
+        h = dec.hidden(x, dec.prefix_cache(prompt.prefix, b))
+        n_rest = len(prompt.rest)
+        logits = dec.logits(h[:, n_rest - 1 : n_rest - 1 + tgt.shape[1]])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tgt.reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            ok = (logits.argmax(-1) == tgt) | (tgt == -100)
+            tok_acc = float(ok[tgt != -100].float().mean())
+            seq_acc = float(ok.all(-1).float().mean())
+        hist.append((tok_acc, seq_acc))
+        if step % 5 == 0 or step == args.steps_prompt - 1:
+            log.info("prompt step %d/%d loss %.4f token-acc %.3f caption-exact(teacher forced) %.3f (%.0f s)",
+                     step, args.steps_prompt, loss.item(), tok_acc, seq_acc, time.time() - t0)
+    last = hist[-10:]
+    n_done = len(hist)
+    return {"steps": n_done, "scenes": n_done * args.batch2, "next_scene": first_scene + n_done * args.batch2,
+            "lr": args.lr_prompt, "seconds": round(time.time() - t0, 1),
+            "final_token_accuracy_train_avg10": round(float(np.mean([a for a, _ in last])), 4) if last else None,
+            "final_caption_exact_train_avg10": round(float(np.mean([q for _, q in last])), 4) if last else None}
+
+
+def caption_batch(tok: Tokenizer, scenes: Sequence[Scene]) -> tuple[Any, Any]:
+    """(targets (B, L) padded with -100, input ids (B, L) padded with <|im_end|>) for caption + <|im_end|>."""
+    import torch
+
+    end = tok.token_to_id("<|im_end|>")
+    seqs = [tok.encode(s.caption, add_bos=False) + [end] for s in scenes]
+    n = max(len(s) for s in seqs)
+    tgt = torch.full((len(seqs), n), -100, dtype=torch.long)
+    inp = torch.full((len(seqs), n), end, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tgt[i, : len(s)] = torch.tensor(s)
+        inp[i, : len(s)] = torch.tensor(s)
+    return tgt, inp
+
+
+def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[Prompt], args: argparse.Namespace,
+                   cfg: PreprocessConfig, deadline: float) -> dict[str, Any]:
+    import torch
+
+    trainable: list[Any] = [*vs.connector.parameters(), *vs.vision.post_layernorm.parameters()]
+    for layer in vs.vision.encoder.layers[-args.train_layers:]:
+        trainable += list(layer.parameters())
+    for m in vs.modules():
+        for p in m.parameters():
+            p.requires_grad_(False)
+        m.train()
+    for p in trainable:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(trainable, lr=args.lr2, weight_decay=0.0, betas=(0.9, 0.98))
+    t0 = time.time()
+    hist: list[tuple[float, float]] = []
+    step = 0
+    pool = FramePool(args.seed + 1, 1 << 30, cfg)  # stage 2 sees every frame once
+    for step in range(args.steps2):
+        if time.time() > deadline:
+            log.warning("stage 2: time budget reached after %d steps", step)
+            break
+        prompt = prompts[step % len(prompts)]
+        scenes, px = pool.batch(step * args.batch2, args.batch2)
+        tgt, inp = caption_batch(tok, scenes)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args.steps2, args.lr2, 10)
+        feats = vs(px)  # (B, 16, 576)
+        b = len(scenes)
+        rest = torch.tensor(prompt.rest)
+        x = dec.embed(rest).unsqueeze(0).repeat(b, 1, 1)
+        x[:, torch.from_numpy(prompt.image_slots)] = feats
+        x = torch.cat([x, dec.embed(inp)], 1)
+        h = dec.hidden(x, dec.prefix_cache(prompt.prefix, b))
+        # The answer's token j is predicted at the position before it: the last prompt token for j = 0.
+        n_rest = len(prompt.rest)
+        h_ans = h[:, n_rest - 1 : n_rest - 1 + tgt.shape[1]]
+        logits = dec.logits(h_ans)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tgt.reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        with torch.no_grad():
+            ok = (logits.argmax(-1) == tgt) | (tgt == -100)
+            tok_acc = float(ok[tgt != -100].float().mean())
+            seq_acc = float(ok.all(-1).float().mean())
+        hist.append((tok_acc, seq_acc))
+        if step % 5 == 0 or step == args.steps2 - 1:
+            log.info("stage2 step %d/%d loss %.4f token-acc %.3f caption-exact(teacher forced) %.3f (%.0f s)",
+                     step, args.steps2, loss.item(), tok_acc, seq_acc, time.time() - t0)
+    last = hist[-20:]
+    return {"steps": step + 1, "frames": (step + 1) * args.batch2, "seconds": round(time.time() - t0, 1),
+            "trained": f"connector, post_layernorm, last {args.train_layers} encoder layer(s)",
+            "final_token_accuracy_train_avg20": round(float(np.mean([a for a, _ in last])), 4) if last else None,
+            "final_caption_exact_train_avg20": round(float(np.mean([s for _, s in last])), 4) if last else None}
+
+
+# -- export -----------------------------------------------------------------------------------------
+
+
+def export(vs: VisionSide, config: Any, hf_dir: Path, out: Path) -> Path:
+    """A transformers-layout checkpoint of the vision side, then our converter to an F16 mmproj."""
+    import torch
+    from safetensors.torch import save_file
+
+    from edgevlm_ros.convert import convert_mmproj
+
+    if hf_dir.exists():
+        shutil.rmtree(hf_dir)
+    hf_dir.mkdir(parents=True)
+    config.save_pretrained(str(hf_dir))
+    tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in vs.state_dict().items()}
+    save_file(tensors, str(hf_dir / "model.safetensors"))
+    pre = {
+        "image_processor_type": "Idefics3ImageProcessor", "do_resize": True, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "do_image_splitting": False, "size": {"longest_edge": IMAGE_SIZE},
+        "max_image_size": {"longest_edge": IMAGE_SIZE}, "resample": 1,
+    }
+    (hf_dir / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    return convert_mmproj(hf_dir, out, "f16", name="edgevlm-demo")
+
+
+def round_like_f16_file(vs: VisionSide) -> None:
+    """Rounds the weights the converter stores as F16 (matrices but the patch/position embeddings)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in vs.state_dict().items():
+            if p.ndim == 2 and "position_embedding" not in name:
+                p.copy_(p.to(torch.float16).to(torch.float32))
+
+
+# -- evaluation -------------------------------------------------------------------------------------
+
+
+def torch_greedy(vs: VisionSide, dec: Decoder, prompt: Prompt, pixels: Any, stop_ids: set[int],
+                 max_new: int) -> tuple[list[list[int]], list[list[tuple[float, float]]]]:
+    """Batched greedy decoding in torch; per row the tokens and, per step, (top-1 logit, top-1 - top-2)."""
+    import torch
+
+    b = pixels.shape[0]
+    with torch.no_grad():
+        feats = vs(pixels)
+        x = dec.embed(torch.tensor(prompt.rest)).unsqueeze(0).repeat(b, 1, 1)
+        x[:, torch.from_numpy(prompt.image_slots)] = feats
+        cache = dec.prefix_cache(prompt.prefix, b)
+        h = dec.hidden(x, cache)[:, -1]
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        margins: list[list[tuple[float, float]]] = [[] for _ in range(b)]
+        done = [False] * b
+        for _ in range(max_new):
+            logits = dec.logits(h)
+            top = logits.topk(2, dim=-1)
+            nxt = top.indices[:, 0]
+            for i in range(b):
+                if not done[i]:
+                    t = int(nxt[i])
+                    margins[i].append((float(top.values[i, 0]), float(top.values[i, 0] - top.values[i, 1])))
+                    done[i] = t in stop_ids
+                    if not done[i]:  # the engine does not return the stop token either
+                        tokens[i].append(t)
+            if all(done):
+                break
+            h = dec.hidden(dec.embed(nxt).unsqueeze(1), cache)[:, -1]
+    return tokens, margins
+
+
+def evaluate(mmproj: Path, text_gguf: Path, vs: VisionSide, dec: Decoder, tok: Tokenizer, prompt: Prompt,
+             args: argparse.Namespace, cfg: PreprocessConfig, n: int, compare_torch: bool = True) -> dict[str, Any]:
+    import torch
+
+    from edgevlm_ros.vlm import load_vlm
+
+    vlm = load_vlm(text_gguf, mmproj, threads=args.engine_threads, image_mode="single")
+    scenes = [generate_scene(args.eval_seed, i, *EVAL_SIZE) for i in range(n)]
+    t0 = time.time()
+    eng: list[Any] = []
+    for s in scenes:
+        eng.append(vlm.describe(s.image(), prompt=prompt.text, max_new_tokens=MAX_NEW_TOKENS))
+    engine_s = time.time() - t0
+    if [list(x) for x in vlm.prompt_ids(prompt.text, 0, 0)] != [prompt.prefix, prompt.rest]:
+        raise RuntimeError("the engine's prompt tokens differ from the ones used in training")
+
+    t0 = time.time()
+    stop = set(vlm.text.stop_ids)
+    torch_tokens: list[list[int]] = []
+    torch_margins: list[list[tuple[float, float]]] = []
+    for start in range(0, n if compare_torch else 0, 100):
+        px = torch.from_numpy(np.stack([preprocess(s.image(), cfg).pixel_values[0] for s in scenes[start:start + 100]]))
+        t, m = torch_greedy(vs, dec, prompt, px, stop, MAX_NEW_TOKENS)
+        torch_tokens += t
+        torch_margins += m
+    torch_s = time.time() - t0
+
+    objects = objects_right = frames_count_right = frames_all_right = exact = 0
+    same = same_ids = 0
+    diffs = []
+    added_tokens = 0
+    min_top1 = math.inf
+    examples = []
+    for i, (s, r) in enumerate(zip(scenes, eng, strict=True)):
+        sc = score(r.text, s)
+        objects += sc.count_true
+        objects_right += sc.n_right
+        frames_count_right += sc.count_right
+        frames_all_right += sc.all_right
+        exact += sc.exact
+        added_tokens += any(t >= BASE_VOCAB for t in r.token_ids)
+        if compare_torch:
+            min_top1 = min([min_top1] + [m[0] for m in torch_margins[i]])
+        torch_text = tok.decode(torch_tokens[i], skip_special=True) if compare_torch else None
+        if not compare_torch:
+            pass
+        elif r.text == torch_text:
+            same += 1
+            same_ids += r.token_ids == torch_tokens[i]
+        else:
+            j = next((k for k, (a, b) in enumerate(zip(r.token_ids, torch_tokens[i], strict=False)) if a != b),
+                     min(len(r.token_ids), len(torch_tokens[i])))
+            margin = torch_margins[i][j][1] if j < len(torch_margins[i]) else None
+            diffs.append({"frame": i, "first_diff_token": j, "torch_top1_minus_top2": margin,
+                          "engine": r.text, "torch": torch_text})
+        if len(examples) < 8:
+            examples.append({"frame": i, "truth": s.caption, "engine": r.text})
+    timings = {k: round(float(np.median([r.timings_ms[k] for r in eng])), 1) for k in eng[0].timings_ms}
+    return {
+        "prompt": prompt.text,
+        "frames": n,
+        "frame_size": list(EVAL_SIZE),
+        "seed": args.eval_seed,
+        "objects": objects,
+        "objects_fully_right": round(objects_right / objects, 4),
+        "count_right": round(frames_count_right / n, 4),
+        "frames_all_right": round(frames_all_right / n, 4),
+        "captions_exact": round(exact / n, 4),
+        "engine_equals_torch_text": round(same / n, 4) if compare_torch else None,
+        "engine_equals_torch_token_ids": round(same_ids / n, 4) if compare_torch else None,
+        "differing_frames": diffs if compare_torch else None,
+        "frames_with_added_token_in_output": added_tokens,
+        "min_top1_logit_torch": round(min_top1, 3) if compare_torch else None,
+        "engine_median_ms": timings,
+        "engine_seconds": round(engine_s, 1),
+        "torch_seconds": round(torch_s, 1),
+        "examples": examples,
+    }
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def command(argv: Sequence[str] | None) -> str:
+    return " ".join([".venv/bin/python tools/train_demo_vlm.py", *(argv if argv is not None else sys.argv[1:])])
+
+
+STAGES = ("keywords", "prompt", "regress", "caption", "eval")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help=f"comma-separated subset of {','.join(STAGES)}, run in that order; each stage reads what "
+                   "the earlier ones saved in --work (so stages may run as separate commands: 'prompt' needs no "
+                   "vision weights and may run beside 'keywords')")
+    p.add_argument("--seed", type=int, default=1, help="training seed (streams seed, seed+1, seed+2; torch init)")
+    p.add_argument("--steps1", type=int, default=3000, help="keywords stage steps")
+    p.add_argument("--batch1", type=int, default=16, help="vision stages batch")
+    p.add_argument("--lr1", type=float, default=4e-4)
+    p.add_argument("--pool1", type=int, default=2500, help="distinct frames of the vision stages (reused after)")
+    p.add_argument("--minutes1", type=float, default=25.0, help="keywords stage stops early after this long")
+    p.add_argument("--steps-prompt", type=int, default=200, help="prompt stage steps")
+    p.add_argument("--lr-prompt", type=float, default=2e-3)
+    p.add_argument("--minutes-prompt", type=float, default=25.0)
+    p.add_argument("--continue-prompt", action="store_true",
+                   help="prompt stage: start from the saved soft prompt (a further run of the stage)")
+    p.add_argument("--steps3", type=int, default=1000, help="regress stage steps")
+    p.add_argument("--lr3", type=float, default=2e-4)
+    p.add_argument("--minutes3", type=float, default=10.0)
+    p.add_argument("--route-weight", type=float, default=0.5, help="weight of the attention-routing loss")
+    p.add_argument("--regress-from-scratch", action="store_true",
+                   help="regress stage: start from a fresh tower instead of the keywords stage's")
+    p.add_argument("--steps2", type=int, default=0, help="caption stage steps (0: skip)")
+    p.add_argument("--batch2", type=int, default=16, help="decoder stages batch")
+    p.add_argument("--lr2", type=float, default=1e-4)
+    p.add_argument("--train-layers", type=int, default=1, help="caption stage: encoder layers trained (from the top)")
+    p.add_argument("--minutes2", type=float, default=15.0)
+    p.add_argument("--eval-seed", type=int, default=999)
+    p.add_argument("--eval-frames", type=int, default=300)
+    p.add_argument("--extra-eval-frames", type=int, default=100,
+                   help="frames for the untrained prompts (engine only; 0: skip)")
+    # One torch thread: on this 2-core machine shared with other jobs (load 5-8), a backward pass of the
+    # tower took 10 s with 2 threads and 0.25 s with 1 (2026-11-30): two OpenMP threads that wait for
+    # each other at every barrier lose most of their time slices. The engine (evaluation) takes 2.
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, see the comment)")
+    p.add_argument("--engine-threads", type=int, default=1,
+                   help="engine threads in the evaluation (1: the same contention argument as above)")
+    p.add_argument("--work", type=Path, default=ROOT / "build" / "demo-train")
+    p.add_argument("--out", type=Path, default=DEMO_MMPROJ_PATH, help="the mmproj to write")
+    p.add_argument("--record", type=Path, default=DEMO_RECORD_PATH)
+    args = p.parse_args(argv)
+    args.stages = [x.strip() for x in args.stages.split(",") if x.strip()]
+    bad = [x for x in args.stages if x not in STAGES]
+    if bad:
+        p.error(f"unknown stage(s) {bad}; known: {', '.join(STAGES)}")
+    if args.eval_seed in (args.seed, args.seed + 1, args.seed + 2):
+        p.error("--eval-seed must differ from the training streams")
+    return args
+
+
+def _stage_record(work: Path, name: str) -> dict[str, Any] | None:
+    path = work / f"{name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    legacy = work / "stages.json"  # the first keywords run of the shipped model wrote this name
+    if name == "keywords" and legacy.exists():
+        return json.loads(legacy.read_text()).get("stage1")
+    return None
+
+
+def _latest_vision(work: Path) -> Path | None:
+    for name in ("caption.pt", "regress.pt", "stage1.pt"):
+        if (work / name).exists():
+            return work / name
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import torch
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+
+    text_gguf = ensure_demo_text_model()
+    from edgevlm_ros import _engine
+
+    meta = _engine.GGUFFile(str(text_gguf)).metadata()
+    tok = Tokenizer.from_gguf_metadata(meta)
+    prompts = [make_prompt(tok, meta["tokenizer.chat_template"], t) for t in PROMPTS]
+    cfg = preprocess_config()
+    config = idefics3_config()
+    vs = VisionSide(config, args.seed)
+    kw = Keywords(tok)
+    log.info("vision side: %.2f M parameters; keyword vocabulary %d; prompt prefix %d tokens, rest %d",
+             sum(p.numel() for m in vs.modules() for p in m.parameters()) / 1e6, len(kw.vocab),
+             len(prompts[0].prefix), len(prompts[0].rest))
+    dec = Decoder(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    soft = SoftPrompt(dec.embeddings, kw)
+
+    def finish(name: str, rec: dict[str, Any], t0: float) -> None:
+        rec["command"] = command(argv)
+        rec["wall_seconds"] = round(time.time() - t0, 1)
+        (args.work / f"{name}.json").write_text(json.dumps(rec, indent=2))
+
+    for stage in args.stages:
+        t0 = time.time()
+        if stage == "keywords":
+            rec = train_vision("keywords", vs, soft, kw, args, cfg, args.steps1, args.lr1, 30,
+                               time.time() + 60 * args.minutes1)
+            torch.save(vs.state_dict(), args.work / "stage1.pt")
+            finish(stage, rec, t0)
+        elif stage == "prompt":
+            earlier = None
+            if args.continue_prompt:  # another run of this stage, starting where the saved one ended
+                soft.load(torch.load(args.work / "prompt.pt"))
+                earlier = _stage_record(args.work, "prompt")
+            rec = train_prompt(soft, dec, tok, kw, prompts[0], args, time.time() + 60 * args.minutes_prompt,
+                               first_scene=(earlier or {}).get("next_scene", (earlier or {}).get("scenes", 0)))
+            if earlier is not None:
+                rec["continued_from"] = earlier
+                rec["scenes"] += earlier.get("scenes", 0)
+                rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0) + earlier.get(
+                    "wall_seconds_earlier_runs", 0.0)
+            torch.save(soft.state(), args.work / "prompt.pt")
+            finish(stage, rec, t0)
+            rec["wall_seconds"] += rec.get("wall_seconds_earlier_runs", 0.0)
+            (args.work / f"{stage}.json").write_text(json.dumps(rec, indent=2))
+        elif stage == "regress":
+            if not args.regress_from_scratch:
+                vs.load_state_dict(torch.load(args.work / "stage1.pt"))
+            soft.load(torch.load(args.work / "prompt.pt"))
+            rec = train_vision("regress", vs, soft, kw, args, cfg, args.steps3, args.lr3, 10,
+                               time.time() + 60 * args.minutes3)
+            torch.save(vs.state_dict(), args.work / "regress.pt")
+            finish(stage, rec, t0)
+        elif stage == "caption":
+            latest = _latest_vision(args.work)
+            if latest is None:
+                raise SystemExit("caption stage: no vision weights in --work (run keywords / regress first)")
+            vs.load_state_dict(torch.load(latest))
+            rec = train_captions(vs, dec, tok, prompts, args, cfg, time.time() + 60 * args.minutes2)
+            rec["started_from"] = latest.name
+            torch.save(vs.state_dict(), args.work / "caption.pt")
+            finish(stage, rec, t0)
+        elif stage == "eval":
+            latest = _latest_vision(args.work)
+            if latest is None:
+                raise SystemExit("eval: no vision weights in --work")
+            vs.load_state_dict(torch.load(latest))
+            evaluate_and_record(args, argv, vs, dec, tok, prompts, meta, cfg, config, text_gguf, latest)
+    return 0
+
+
+def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs: VisionSide, dec: Decoder,
+                        tok: Tokenizer, prompts: list[Prompt], meta: dict[str, Any], cfg: PreprocessConfig,
+                        config: Any, text_gguf: Path, weights: Path) -> None:
+    import torch
+
+    for m in vs.modules():
+        m.eval()
+    out = export(vs, config, args.work / "hf", args.out)
+    round_like_f16_file(vs)
+    log.info("wrote %s (%.1f MB) from %s; evaluating", out, out.stat().st_size / 1e6, weights.name)
+    evals = [evaluate(out, text_gguf, vs, dec, tok, prompts[0], args, cfg, args.eval_frames)]
+    if args.extra_eval_frames:
+        evals += [evaluate(out, text_gguf, vs, dec, tok, make_prompt(tok, meta["tokenizer.chat_template"], t), args,
+                           cfg, args.extra_eval_frames, compare_torch=False) for t in EXTRA_EVAL_PROMPTS]
+    for e in evals:
+        log.info("%s: objects fully right %.3f, count right %.3f, exact %.3f, engine == torch %s",
+                 e["prompt"], e["objects_fully_right"], e["count_right"], e["captions_exact"],
+                 e["engine_equals_torch_text"])
+    stages = {name: _stage_record(args.work, name) for name in STAGES[:-1]}
+    used = {"caption.pt": ["keywords", "prompt", "regress", "caption"], "regress.pt": ["keywords", "prompt", "regress"],
+            "stage1.pt": ["keywords"]}[weights.name]
+    record = {
+        "model": "edgevlm demo: SigLIP-style tower + idefics3 connector on frozen SmolLM2-135M-Instruct (Q4_1)",
+        "mmproj": out.name,
+        "mmproj_bytes": out.stat().st_size,
+        "text_model": "models/edgevlm-demo-text.gguf, written by edgevlm_ros.demo_model.ensure_demo_text_model()",
+        "world": "edgevlm_ros.scenes (synthetic shapes only)",
+        "training_commands": [stages[n]["command"] for n in used if stages.get(n)],
+        "evaluation_command": command(argv),
+        "seed": args.seed,
+        "training_streams": {"vision": args.seed, "prompt_and_caption": args.seed + 1, "monitor": args.seed + 2},
+        "vision": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "width": WIDTH, "layers": LAYERS,
+                   "heads": HEADS, "mlp": MLP, "scale_factor": SCALE, "image_tokens": N_IMAGE_TOKENS,
+                   "parameters": sum(p.numel() for m in vs.modules() for p in m.parameters())},
+        "prompts_trained": list(PROMPTS),
+        "frame_sizes": [list(f) for f in FRAME_SIZES],
+        "stages": {n: stages[n] for n in used},
+        "training_frames": sum((stages[n] or {}).get("frames", 0) for n in used),
+        "training_scene_descriptions_prompt_stage": (stages.get("prompt") or {}).get("scenes", 0),
+        "training_wall_seconds": round(sum((stages[n] or {}).get("wall_seconds", 0.0) for n in used), 1),
+        "evaluation": evals,
+        "machine": f"{platform.machine()}, 2 cores shared with other jobs; torch {torch.__version__} with "
+                   f"{args.threads} thread(s), engine {args.engine_threads} threads",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    args.record.write_text(json.dumps(record, indent=2) + "\n")
+    log.info("wrote %s", args.record)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
