@@ -825,6 +825,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--lr3", type=float, default=2e-4)
     p.add_argument("--minutes3", type=float, default=10.0)
     p.add_argument("--route-weight", type=float, default=0.5, help="weight of the attention-routing loss")
+    p.add_argument("--continue-regress", action="store_true",
+                   help="regress stage: start from its own saved weights (a further run of the stage)")
     p.add_argument("--regress-from-scratch", action="store_true",
                    help="regress stage: start from a fresh tower instead of the keywords stage's")
     p.add_argument("--steps2", type=int, default=0, help="caption stage steps (0: skip)")
@@ -925,13 +927,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             rec["wall_seconds"] += rec.get("wall_seconds_earlier_runs", 0.0)
             (args.work / f"{stage}.json").write_text(json.dumps(rec, indent=2))
         elif stage == "regress":
-            if not args.regress_from_scratch:
+            earlier = None
+            if args.continue_regress:  # another run of this stage, starting where the saved one ended
+                vs.load_state_dict(torch.load(args.work / "regress.pt"))
+                earlier = _stage_record(args.work, "regress")
+            elif not args.regress_from_scratch:
                 vs.load_state_dict(torch.load(args.work / "stage1.pt"))
             soft.load(torch.load(args.work / "prompt.pt"))
             rec = train_vision("regress", vs, soft, kw, args, cfg, args.steps3, args.lr3, 10,
                                time.time() + 60 * args.minutes3)
             torch.save(vs.state_dict(), args.work / "regress.pt")
+            if earlier is not None:
+                rec["continued_from"] = earlier
+                rec["frames"] += earlier.get("frames", 0)
+                rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0)
             finish(stage, rec, t0)
+            rec["wall_seconds"] += rec.get("wall_seconds_earlier_runs", 0.0)
+            (args.work / f"{stage}.json").write_text(json.dumps(rec, indent=2))
         elif stage == "caption":
             latest = _latest_vision(args.work)
             if latest is None:
