@@ -45,24 +45,34 @@ struct AttentionArgs {
 };
 using AttentionFn = void (*)(const AttentionArgs&);
 
+// Element-wise operators with more than one variant (the exp-based ones).
+using SoftmaxFn = void (*)(float* x, int64_t n, float scale);  // x = softmax(scale * x), max-subtracted
+using GeluFn = void (*)(float* a, int64_t n);                   // a = gelu_tanh(a)
+using SiluMulFn = void (*)(float* a, const float* b, int64_t n);  // a = silu(a) * b
+
 // Phases of a matrix product: decode (a few tokens: weights streamed once, bandwidth-bound) and
 // prefill (many tokens: weights reused across tokens, compute-bound).
 enum Phase { kDecode = 0, kPrefill = 1 };
 constexpr int64_t kDecodeMaxTokens = 3;  // m <= this uses the decode kernel
 
 // Element-wise operators and attention, chosen once per process. Matrix products are chosen per
-// weight (format, phase, shape) by choose_matmul().
+// weight (format, phase, shape) by choose_matmul(). Attention, softmax, gelu_tanh and silu_mul
+// are chosen by the operator table's rules (choose()); the other element-wise operators have only
+// the reference variant.
 struct OpTable {
     AttentionFn attention;
     const char* attention_variant;
+    SoftmaxFn softmax;
+    const char* softmax_variant;
+    GeluFn gelu_tanh;
+    const char* gelu_tanh_variant;
+    SiluMulFn silu_mul;
+    const char* silu_mul_variant;
     void (*rmsnorm)(const float* x, const float* w, float* y, int64_t n, float eps);
     void (*layernorm)(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
     // Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + d/2) ("neox").
     void (*rope)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, float pos,
                  float theta_base, bool neox);
-    void (*silu_mul)(float* a, const float* b, int64_t n);  // a = silu(a) * b
-    void (*gelu_tanh)(float* a, int64_t n);
-    void (*softmax)(float* x, int64_t n, float scale);  // x = softmax(scale * x), max-subtracted
     void (*add)(float* a, const float* b, int64_t n);      // a += b
 };
 
@@ -82,6 +92,9 @@ struct AttentionChoice { AttentionFn fn; const char* name; };
 // The variant the active operator table picks (the first matching rule that runs on this CPU).
 MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k);
 AttentionChoice choose_attention();
+// For an operator without formats or phases ("attention", "softmax", "gelu_tanh", "silu_mul"):
+// the name of the variant the active table picks, "ref" when no rule does.
+std::string choose(const std::string& op);
 // Replaces the active rules (the text of an optable.tsv); throws std::invalid_argument on a bad
 // table, leaving the active one unchanged. Models loaded afterwards use the new rules.
 void load_optable(const std::string& text, const std::string& source);
@@ -91,10 +104,16 @@ struct VariantInfo { std::string op, name; std::vector<std::string> formats; boo
 std::vector<VariantInfo> list_variants();
 MatmulFn matmul_variant(const std::string& name);     // nullptr if unknown or not runnable here
 AttentionFn attention_variant(const std::string& name);
+SoftmaxFn softmax_variant(const std::string& name);
+GeluFn gelu_tanh_variant(const std::string& name);
+SiluMulFn silu_mul_variant(const std::string& name);
 
 // Scalar reference kernels, exported so tests and faster variants can compare against them.
 void matmul_ref(const MatmulArgs& a);
 void attention_ref(const AttentionArgs& a);
 float dot_ref(const float* a, const float* b, int64_t n);
+void softmax_ref(float* x, int64_t n, float scale);
+void gelu_tanh_ref(float* a, int64_t n);
+void silu_mul_ref(float* a, const float* b, int64_t n);
 
 }  // namespace evk

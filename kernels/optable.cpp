@@ -1,7 +1,8 @@
 // The operator implementation table: a registry of kernel variants and the rules (from
 // kernels/optable.tsv, compiled in, or a tuned table loaded at run time) that pick one per
-// (operator, format, phase, shape, CPU features). Element-wise operators have a single variant
-// today and are filled directly.
+// (operator, format, phase, shape, CPU features). Attention and the exp-based element-wise
+// operators (softmax, gelu_tanh, silu_mul) are chosen by the same rules, once per process; the
+// other element-wise operators have a single variant and are filled directly.
 #include <initializer_list>
 #if defined(__aarch64__)
 #include <sys/auxv.h>
@@ -13,7 +14,7 @@
 #include "ops.h"
 
 #ifndef EVK_DEFAULT_OPTABLE
-#define EVK_DEFAULT_OPTABLE "matmul * * any - ref;attention * * any - ref"
+#define EVK_DEFAULT_OPTABLE "matmul * * any - ref;attention * * any - ref;softmax * * any - ref;gelu_tanh * * any - ref;silu_mul * * any - ref"
 #endif
 
 namespace evk {
@@ -21,10 +22,7 @@ namespace evk {
 void rmsnorm_ref(const float*, const float*, float*, int64_t, float);
 void layernorm_ref(const float*, const float*, const float*, float*, int64_t, float);
 void rope_ref(float*, int64_t, int64_t, int64_t, float, float, bool);
-void silu_mul_ref(float*, const float*, int64_t);
-void gelu_tanh_ref(float*, int64_t);
 void add_ref(float*, const float*, int64_t);
-void softmax_ref(float*, int64_t, float);
 #if defined(__aarch64__)
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
@@ -34,6 +32,9 @@ void matmul_avx2(const MatmulArgs&);
 void matmul_avx2_gemm(const MatmulArgs&);
 void matmul_avx2_q8act(const MatmulArgs&);
 void attention_avx2(const AttentionArgs&);
+void softmax_avx2(float*, int64_t, float);
+void gelu_tanh_avx2(float*, int64_t);
+void silu_mul_avx2(float*, const float*, int64_t);
 #endif
 
 CpuFeatures detect_cpu_features() {
@@ -55,31 +56,59 @@ CpuFeatures detect_cpu_features() {
 
 namespace {
 
-struct Variant {
+// One kernel of any operator: the operator's name follows from the function's type, so a
+// variant cannot be registered under the wrong operator.
+struct Kernel {
     const char* op;
+    MatmulFn matmul = nullptr;
+    AttentionFn attention = nullptr;
+    SoftmaxFn softmax = nullptr;
+    GeluFn gelu_tanh = nullptr;
+    SiluMulFn silu_mul = nullptr;
+    // Implicit on purpose: the registry below lists bare function names.
+    Kernel(MatmulFn f) : op("matmul"), matmul(f) {}
+    Kernel(AttentionFn f) : op("attention"), attention(f) {}
+    Kernel(SoftmaxFn f) : op("softmax"), softmax(f) {}
+    Kernel(GeluFn f) : op("gelu_tanh"), gelu_tanh(f) {}
+    Kernel(SiluMulFn f) : op("silu_mul"), silu_mul(f) {}
+};
+
+struct Variant {
     const char* name;
-    MatmulFn matmul;
-    AttentionFn attention;
+    Kernel fn;
     std::vector<DType> formats;  // matmul only (a vector: an initializer_list would dangle)
     const char* needs;                      // features, as in the table
+    const char* op() const { return fn.op; }
 };
 
 const std::vector<Variant>& registry() {
     static const std::vector<Variant> v = {
-        {"matmul", "ref", matmul_ref, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "-"},
-        {"attention", "ref", nullptr, attention_ref, {}, "-"},
+        {"ref", matmul_ref, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "-"},
+        {"ref", attention_ref, {}, "-"},
+        {"ref", softmax_ref, {}, "-"},
+        {"ref", gelu_tanh_ref, {}, "-"},
+        {"ref", silu_mul_ref, {}, "-"},
 #if defined(__aarch64__)
-        {"matmul", "neon_f32act", matmul_neon_f32act, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
-        {"matmul", "neon_q8act_dot", matmul_neon_q8act_dot, nullptr, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
+        {"neon_f32act", matmul_neon_f32act, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
+        {"neon_q8act_dot", matmul_neon_q8act_dot, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
 #endif
 #if defined(__x86_64__)
-        {"matmul", "avx2_f32act", matmul_avx2, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {"matmul", "avx2_gemm", matmul_avx2_gemm, nullptr, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {"matmul", "avx2_q8act", matmul_avx2_q8act, nullptr, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {"attention", "avx2", nullptr, attention_avx2, {}, "avx2,fma,f16c"},
+        {"avx2_f32act", matmul_avx2, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
+        {"avx2_gemm", matmul_avx2_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
+        {"avx2_q8act", matmul_avx2_q8act, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
+        {"avx2", attention_avx2, {}, "avx2,fma,f16c"},
+        {"avx2", softmax_avx2, {}, "avx2,fma,f16c"},
+        {"avx2", gelu_tanh_avx2, {}, "avx2,fma,f16c"},
+        {"avx2", silu_mul_avx2, {}, "avx2,fma,f16c"},
 #endif
     };
     return v;
+}
+
+bool known_op(const std::string& op) {
+    for (const Variant& v : registry())
+        if (op == v.op()) return true;
+    return false;
 }
 
 bool has_features(const CpuFeatures& f, const std::string& list) {
@@ -137,7 +166,7 @@ std::vector<Rule> parse(const std::string& text) {
         std::string extra;
         if (!(ls >> r.format >> r.phase >> r.shape >> r.features >> r.variant) || (ls >> extra))
             throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": expected 6 columns");
-        if (r.op != "matmul" && r.op != "attention")
+        if (!known_op(r.op))
             throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown operator '" + r.op + "'");
         if (r.phase != "*" && r.phase != "decode" && r.phase != "prefill")
             throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown phase '" + r.phase + "'");
@@ -160,8 +189,28 @@ Active& active() {
 
 const Variant* find_variant(const std::string& op, const std::string& name) {
     for (const Variant& v : registry())
-        if (op == v.op && name == v.name) return &v;
+        if (op == v.op() && name == v.name) return &v;
     return nullptr;
+}
+
+// A variant of op that runs on this CPU, or nullptr.
+const Variant* runnable(const std::string& op, const std::string& name) {
+    const Variant* v = find_variant(op, name);
+    return v && has_features(detect_cpu_features(), v->needs) ? v : nullptr;
+}
+
+// The variant the active rules pick for an operator without formats or phases (their columns
+// are not consulted); the reference when no rule does.
+const Variant& choose_variant(const std::string& op) {
+    static const CpuFeatures f = detect_cpu_features();
+    Active& a = active();
+    std::lock_guard<std::mutex> lk(a.mu);
+    for (const Rule& r : a.rules) {
+        if (r.op != op || !has_features(f, r.features)) continue;
+        const Variant* v = find_variant(op, r.variant);
+        if (v && has_features(f, v->needs)) return *v;
+    }
+    return *find_variant(op, "ref");
 }
 
 bool supports(const Variant& v, DType t) {
@@ -169,15 +218,21 @@ bool supports(const Variant& v, DType t) {
     return false;
 }
 
-OpTable make_elementwise() {
+// The table with the reference variant in every slot.
+OpTable make_reference() {
     OpTable t{};
+    t.attention = attention_ref;
+    t.attention_variant = "ref";
+    t.softmax = softmax_ref;
+    t.softmax_variant = "ref";
+    t.gelu_tanh = gelu_tanh_ref;
+    t.gelu_tanh_variant = "ref";
+    t.silu_mul = silu_mul_ref;
+    t.silu_mul_variant = "ref";
     t.rmsnorm = rmsnorm_ref;
     t.layernorm = layernorm_ref;
     t.rope = rope_ref;
-    t.silu_mul = silu_mul_ref;
-    t.gelu_tanh = gelu_tanh_ref;
     t.add = add_ref;
-    t.softmax = softmax_ref;
     return t;
 }
 
@@ -194,21 +249,19 @@ MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k) {
             (r.phase != "*" && r.phase != phase_name) || !shape_matches(r.shape, rows, k) || !has_features(f, r.features))
             continue;
         const Variant* v = find_variant("matmul", r.variant);
-        if (v && supports(*v, t) && has_features(f, v->needs)) return {v->matmul, v->name};
+        if (v && supports(*v, t) && has_features(f, v->needs)) return {v->fn.matmul, v->name};
     }
     return {matmul_ref, "ref"};
 }
 
 AttentionChoice choose_attention() {
-    static const CpuFeatures f = detect_cpu_features();
-    Active& a = active();
-    std::lock_guard<std::mutex> lk(a.mu);
-    for (const Rule& r : a.rules) {
-        if (r.op != "attention" || !has_features(f, r.features)) continue;
-        const Variant* v = find_variant("attention", r.variant);
-        if (v && has_features(f, v->needs)) return {v->attention, v->name};
-    }
-    return {attention_ref, "ref"};
+    const Variant& v = choose_variant("attention");
+    return {v.fn.attention, v.name};
+}
+
+std::string choose(const std::string& op) {
+    if (op == "matmul" || !known_op(op)) throw std::invalid_argument("choose: '" + op + "' is not an operator without formats");
+    return choose_variant(op).name;
 }
 
 void load_optable(const std::string& text, const std::string& source) {
@@ -229,7 +282,7 @@ std::vector<VariantInfo> list_variants() {
     const CpuFeatures f = detect_cpu_features();
     std::vector<VariantInfo> out;
     for (const Variant& v : registry()) {
-        VariantInfo i{v.op, v.name, {}, has_features(f, v.needs)};
+        VariantInfo i{v.op(), v.name, {}, has_features(f, v.needs)};
         for (DType d : v.formats) i.formats.push_back(type_traits(d)->name);
         out.push_back(i);
     }
@@ -237,31 +290,50 @@ std::vector<VariantInfo> list_variants() {
 }
 
 MatmulFn matmul_variant(const std::string& name) {
-    const Variant* v = find_variant("matmul", name);
-    return v && has_features(detect_cpu_features(), v->needs) ? v->matmul : nullptr;
+    const Variant* v = runnable("matmul", name);
+    return v ? v->fn.matmul : nullptr;
 }
 
 AttentionFn attention_variant(const std::string& name) {
-    const Variant* v = find_variant("attention", name);
-    return v && has_features(detect_cpu_features(), v->needs) ? v->attention : nullptr;
+    const Variant* v = runnable("attention", name);
+    return v ? v->fn.attention : nullptr;
+}
+
+SoftmaxFn softmax_variant(const std::string& name) {
+    const Variant* v = runnable("softmax", name);
+    return v ? v->fn.softmax : nullptr;
+}
+
+GeluFn gelu_tanh_variant(const std::string& name) {
+    const Variant* v = runnable("gelu_tanh", name);
+    return v ? v->fn.gelu_tanh : nullptr;
+}
+
+SiluMulFn silu_mul_variant(const std::string& name) {
+    const Variant* v = runnable("silu_mul", name);
+    return v ? v->fn.silu_mul : nullptr;
 }
 
 const OpTable& reference_ops() {
-    static const OpTable t = [] {
-        OpTable r = make_elementwise();
-        r.attention = attention_ref;
-        r.attention_variant = "ref";
-        return r;
-    }();
+    static const OpTable t = make_reference();
     return t;
 }
 
 const OpTable& best_ops() {
     static const OpTable t = [] {
-        OpTable b = make_elementwise();
-        const AttentionChoice c = choose_attention();
-        b.attention = c.fn;
-        b.attention_variant = c.name;
+        OpTable b = make_reference();
+        const Variant& att = choose_variant("attention");
+        b.attention = att.fn.attention;
+        b.attention_variant = att.name;
+        const Variant& sm = choose_variant("softmax");
+        b.softmax = sm.fn.softmax;
+        b.softmax_variant = sm.name;
+        const Variant& ge = choose_variant("gelu_tanh");
+        b.gelu_tanh = ge.fn.gelu_tanh;
+        b.gelu_tanh_variant = ge.name;
+        const Variant& si = choose_variant("silu_mul");
+        b.silu_mul = si.fn.silu_mul;
+        b.silu_mul_variant = si.name;
         return b;
     }();
     return t;

@@ -201,6 +201,55 @@ PYBIND11_MODULE(_engine, m) {
         return out;
     });
 
+    // One exp-based element-wise operator by a named variant ('ref', 'best' = what the operator
+    // table picked at start, or a variant name) on a copy of x: softmax over each row of a 2-D x
+    // (or the whole of a 1-D x) with the given scale, gelu_tanh over all of x, silu_mul with b
+    // (the shape of x) as the gate's other factor.
+    m.def("kernel_elementwise", [](const std::string& op, const std::string& variant,
+                                   py::array_t<float, py::array::c_style | py::array::forcecast> x, py::object b, float scale) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const evk::OpTable& table = variant == "best" ? evk::best_ops() : evk::reference_ops();
+        const bool named = variant != "best" && variant != "ref";
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        float* y = out.mutable_data();
+        std::memcpy(y, x.data(), static_cast<size_t>(x.size()) * sizeof(float));
+        const int64_t n = x.size();
+        if (op == "softmax") {
+            const evk::SoftmaxFn fn = named ? evk::softmax_variant(variant) : table.softmax;
+            if (!fn) throw py::value_error("softmax variant '" + variant + "' does not run here");
+            if (!b.is_none()) throw py::value_error("softmax takes no b");
+            const int64_t cols = x.shape(x.ndim() - 1), rows = n / cols;
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, cols, scale);
+        } else if (op == "gelu_tanh") {
+            const evk::GeluFn fn = named ? evk::gelu_tanh_variant(variant) : table.gelu_tanh;
+            if (!fn) throw py::value_error("gelu_tanh variant '" + variant + "' does not run here");
+            if (!b.is_none()) throw py::value_error("gelu_tanh takes no b");
+            py::gil_scoped_release nogil;
+            fn(y, n);
+        } else if (op == "silu_mul") {
+            const evk::SiluMulFn fn = named ? evk::silu_mul_variant(variant) : table.silu_mul;
+            if (!fn) throw py::value_error("silu_mul variant '" + variant + "' does not run here");
+            if (b.is_none()) throw py::value_error("silu_mul needs b");
+            const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+            if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");
+            const float* bp = bb.data();
+            py::gil_scoped_release nogil;
+            fn(y, bp, n);
+        } else {
+            throw py::value_error("unknown element-wise operator '" + op + "' (softmax, gelu_tanh, silu_mul)");
+        }
+        return out;
+    }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("b") = py::none(), py::arg("scale") = 1.f);
+
+    m.def("choose", [](const std::string& op) {
+        try {
+            return evk::choose(op);
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(e.what());
+        }
+    }, "The variant the active operator table picks for attention, softmax, gelu_tanh or silu_mul.");
+
     m.def("quantize", [](const std::string& wtype, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
         const evk::DType t = dtype_named(wtype);
         const int64_t n = x.size();
@@ -239,7 +288,11 @@ PYBIND11_MODULE(_engine, m) {
             d[py::str(std::string("matmul/") + name + "/decode")] = evk::choose_matmul(t, evk::kDecode, 1024, 1024).name;
             d[py::str(std::string("matmul/") + name + "/prefill")] = evk::choose_matmul(t, evk::kPrefill, 1024, 1024).name;
         }
-        d["attention"] = evk::best_ops().attention_variant;
+        const evk::OpTable& b = evk::best_ops();
+        d["attention"] = b.attention_variant;
+        d["softmax"] = b.softmax_variant;
+        d["gelu_tanh"] = b.gelu_tanh_variant;
+        d["silu_mul"] = b.silu_mul_variant;
         return d;
     });
 

@@ -1,6 +1,7 @@
-"""Kernels against their references: every matmul and attention variant that runs on this CPU (and
-'best', what the operator table picks) against the scalar 'ref', and 'ref' against float64 numpy
-on the same dequantized weights.
+"""Kernels against their references: every matmul, attention and exp-based element-wise variant
+that runs on this CPU (and 'best', what the operator table picks) against the scalar 'ref', and
+'ref' against float64 numpy on the same dequantized weights (element-wise bounds: see the section
+at the end).
 
 Tolerances are relative to the magnitude of each sum, sum_k |w_k| |x_k|:
 - variants with float activations differ from 'ref' only by summation order and fused
@@ -121,12 +122,13 @@ def test_every_variant_is_classified_and_best_is_not_ref() -> None:
     assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS or INT8_ACT_VARIANTS"
     chosen = _engine.kernel_variants()
     assert set(chosen) == {f"matmul/{t}/{p}" for t in FLOAT_TYPES + QUANT_TYPES for p in ("decode", "prefill")} | {
-        "attention"}
+        "attention", "softmax", "gelu_tanh", "silu_mul"}
     for key, name in chosen.items():
         if key.startswith("matmul/"):
             assert name == "ref" or name in matmul_variants(key.split("/")[1]), (key, name)
         else:
-            assert name in attention_variants()
+            listed = [(v["op"], v["name"]) for v in _engine.list_variants() if v["available"]]
+            assert (key, name) in listed, (key, name)
     feats = _engine.cpu_features()
     if feats["avx2"] and feats["fma"] and feats["f16c"]:
         assert all(v != "ref" for v in chosen.values()), chosen
@@ -400,3 +402,166 @@ def test_attention_argument_checks() -> None:
         _engine.kernel_attention("ref", q, kv, kv[:2], 1.0)
     with pytest.raises(ValueError):
         _engine.kernel_attention("no_such_variant", q, kv, kv, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Exp-based element-wise operators: softmax, gelu_tanh, silu_mul
+# --------------------------------------------------------------------------------------------
+# Error bounds, per element, against float64 evaluated on the same float32 inputs:
+#   EXP_REL = 2e-6 relative (the vector exp is ~1.2 ulp on its reduced range; a few roundings
+#   follow: measured worst 2.3e-7);
+#   + EXP_FLOOR absolute: the variants flush exp() below exp(-87.3) = 1.26e-38 to 0, where libm
+#   gives a subnormal; |x| and |b| (at most a few hundred there) scale what is flushed;
+#   gelu_tanh + GELU_X_REL |x|: the reference computes 0.5 x (1 + tanh y) in float, and 1 + tanh y
+#   keeps no digits where tanh y is near -1 (x below about -3): measured up to 1.0 |x| 2^-23;
+#   softmax: the reference adds the exponentials in float, one after another, which costs it up to
+#   ~sqrt(n) float roundings of the sum (2.2e-6 at n = 4097); variant and reference are compared
+#   after renormalizing each row in float64, which removes the sum, and the variant's own sum (it
+#   adds in double) must be 1 within SOFTMAX_SUM_TOL.
+EXP_REL = 2e-6
+EXP_FLOOR = 1e-35
+GELU_X_REL = 2.0 ** -22
+SOFTMAX_SUM_TOL = 1e-6
+EW_SIZES = (1, 7, 8, 9, 31, 33, 257, 1000, 4097)
+EW_SPREADS = (1.0, 8.0, 90.0, 1e4)
+EW_OPS = ("softmax", "gelu_tanh", "silu_mul")
+
+
+def ew_variants(op: str) -> list[str]:
+    """The variants of op that run on this CPU, 'ref' excluded."""
+    return [v["name"] for v in _engine.list_variants() if v["op"] == op and v["available"] and v["name"] != "ref"]
+
+
+def sigmoid64(z: np.ndarray) -> np.ndarray:
+    t = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + t), t / (1.0 + t))
+
+
+def gelu64(x: np.ndarray) -> np.ndarray:
+    """0.5 x (1 + tanh(y)) = x sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3), in float64."""
+    x = x.astype(np.float64)
+    return x * sigmoid64(2.0 * np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))
+
+
+def softmax64(x: np.ndarray, scale: float) -> np.ndarray:
+    """The exact softmax of the float32 arguments the kernels form: scale * (x - max), each
+    operation rounded to float32 as in the reference."""
+    arg = np.float32(scale) * (x - x.max(axis=-1, keepdims=True))
+    e = np.exp(arg.astype(np.float64))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def renorm(p: np.ndarray) -> np.ndarray:
+    p = p.astype(np.float64)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def ew_inputs(op: str, n: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
+    """(x, b): 3 rows of n values, uniform in +-spread; for softmax also normal scores and one
+    masking-like score of -1e4 per row."""
+    rng = np.random.default_rng(n * 31 + int(spread) + len(op))
+    x = rng.uniform(-spread, spread, (3, n))
+    if op == "softmax":
+        x[1] = rng.standard_normal(n) * spread
+        if n > 2:
+            x[:, n // 3] = -1e4
+    b = rng.uniform(-3.0, 3.0, (3, n))
+    return x.astype(np.float32), b.astype(np.float32)
+
+
+def ew_run(op: str, variant: str, x: np.ndarray, b: np.ndarray, scale: float = 0.125) -> np.ndarray:
+    if op == "softmax":
+        return _engine.kernel_elementwise(op, variant, x, scale=scale)
+    if op == "gelu_tanh":
+        return _engine.kernel_elementwise(op, variant, x)
+    return _engine.kernel_elementwise(op, variant, x, b)
+
+
+def ew_bound(op: str, want: np.ndarray, x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    bound = EXP_REL * np.abs(want) + EXP_FLOOR
+    if op == "gelu_tanh":
+        bound = bound + GELU_X_REL * np.abs(x.astype(np.float64))
+    return bound
+
+
+def test_elementwise_variants_are_chosen() -> None:
+    """With AVX2 + FMA the operator table serves softmax, gelu_tanh and silu_mul with 'avx2'."""
+    chosen = _engine.kernel_variants()
+    feats = _engine.cpu_features()
+    for op in EW_OPS:
+        assert chosen[op] == _engine.choose(op)
+        assert chosen[op] == "ref" or chosen[op] in ew_variants(op)
+        if feats["avx2"] and feats["fma"] and feats["f16c"]:
+            assert chosen[op] == "avx2", (op, chosen[op])
+    with pytest.raises(ValueError):
+        _engine.choose("matmul")
+    with pytest.raises(ValueError):
+        _engine.choose("no_such_op")
+
+
+@pytest.mark.parametrize("op", EW_OPS)
+@pytest.mark.parametrize("spread", EW_SPREADS)
+def test_elementwise_variants_vs_ref_vs_numpy(op: str, spread: float) -> None:
+    chosen = _engine.kernel_variants()[op]
+    for n in EW_SIZES:
+        x, b = ew_inputs(op, n, spread)
+        shape = f"{op} n={n} spread={spread:g}"
+        if op == "softmax":
+            want = softmax64(x, 0.125)
+        elif op == "gelu_tanh":
+            want = gelu64(x)
+        else:
+            want = x.astype(np.float64) * sigmoid64(x.astype(np.float64)) * b
+        bound = ew_bound(op, want, x, b)
+        ref = ew_run(op, "ref", x, b)
+        assert ref.shape == x.shape and ref.dtype == np.float32
+        if op == "softmax":
+            # The reference's float sum: compared after renormalizing (see above).
+            check_close(renorm(ref), want, bound, f"ref {shape} vs numpy")
+        else:
+            check_close(ref, want, bound, f"ref {shape} vs numpy")
+        for variant in ew_variants(op):
+            got = ew_run(op, variant, x, b)
+            assert got.shape == x.shape and got.dtype == np.float32
+            check_close(got, want, bound, f"{variant} {shape} vs numpy")
+            if op == "softmax":
+                check_close(renorm(got), renorm(ref), ew_bound(op, renorm(ref), x, b), f"{variant} {shape} vs ref")
+                sums = got.astype(np.float64).sum(axis=-1)
+                assert np.all(np.abs(sums - 1.0) <= SOFTMAX_SUM_TOL), (variant, shape, sums)
+            else:
+                check_close(got, ref, 2 * ew_bound(op, ref, x, b), f"{variant} {shape} vs ref")
+            if variant == chosen:
+                assert same_bits(ew_run(op, "best", x, b), got), f"best {shape} is not {chosen}"
+
+
+@pytest.mark.parametrize("variant", ["ref", "best"])
+def test_elementwise_edge_values(variant: str) -> None:
+    """Exact values where the operators have them, and nothing inf or NaN for finite input."""
+    x = np.array([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4, 3e38, -3e38], np.float32)
+    g = _engine.kernel_elementwise("gelu_tanh", variant, x)
+    s = _engine.kernel_elementwise("silu_mul", variant, x, np.ones_like(x))
+    for y in (g, s):
+        assert np.all(np.isfinite(y)), (variant, y)
+        assert y[0] == 0 and y[1] == 0
+        assert np.all(y[[6, 8, 10]] == x[[6, 8, 10]])  # large positive x: x itself
+        assert np.all(y[[7, 9, 11]] == 0)  # large negative x: 0
+    # Softmax: one element is 1; equal scores are 1/n; scores 1e4 below the maximum are 0.
+    assert _engine.kernel_elementwise("softmax", variant, np.array([5.0], np.float32))[0] == 1.0
+    flat = _engine.kernel_elementwise("softmax", variant, np.full(33, 7.0, np.float32), scale=0.3)
+    assert np.all(np.abs(flat - 1 / 33) <= EXP_REL / 33)
+    p = _engine.kernel_elementwise("softmax", variant, np.array([0.0, -1e4, 1e4, -3e38, 3e38], np.float32))
+    assert np.array_equal(p, [0.0, 0.0, 0.0, 0.0, 1.0])
+
+
+def test_elementwise_argument_checks() -> None:
+    x = np.zeros(8, np.float32)
+    with pytest.raises(ValueError):
+        _engine.kernel_elementwise("softmax", "no_such_variant", x)
+    with pytest.raises(ValueError):
+        _engine.kernel_elementwise("no_such_op", "ref", x)
+    with pytest.raises(ValueError):
+        _engine.kernel_elementwise("silu_mul", "ref", x)  # b missing
+    with pytest.raises(ValueError):
+        _engine.kernel_elementwise("silu_mul", "ref", x, x[:4])
+    with pytest.raises(ValueError):
+        _engine.kernel_elementwise("gelu_tanh", "ref", x[:0])

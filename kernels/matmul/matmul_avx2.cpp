@@ -9,6 +9,8 @@
 
 #define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+#include "../elementwise/exp_avx2.h"
+
 namespace evk {
 
 namespace {
@@ -209,12 +211,7 @@ EV_AVX2 void attention_avx2(const AttentionArgs& a) {
         a.scores[j] = s;
         mx = s > mx ? s : mx;
     }
-    float sum = 0.f;
-    for (int64_t j = 0; j < a.n_kv; ++j) {
-        a.scores[j] = __builtin_expf(a.scores[j] - mx);
-        sum += a.scores[j];
-    }
-    const float inv = 1.f / sum;
+    const float inv = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores, a.n_kv, mx, 1.f));  // exp(s - mx)
     int64_t d = 0;
     for (; d + 8 <= a.head_dim; d += 8) {
         __m256 acc = _mm256_setzero_ps();

@@ -146,6 +146,51 @@ int main() {
                 check(err < 1e-4f, "attention/" + v.name + " n_kv=" + std::to_string(n_kv) + " d=" + std::to_string(d));
             }
     }
+    // Exp-based element-wise variants against the reference, on awkward sizes (SIMD tails) and
+    // large magnitudes. Tolerance: relative 2e-6 of the reference, plus 1e-35 for results the
+    // variants flush to 0 below exp(-87.3), plus for gelu_tanh 2^-22 |x|: the reference computes
+    // 1 + tanh(y) in float, which keeps no digits where tanh(y) is near -1. Softmax rows are
+    // compared after dividing each by its sum in double: the reference adds in float, which alone
+    // costs it ~2e-6 at n = 4097; the variant's own sum must be 1 within 1e-6. Eight guard values
+    // after the n elements must be left alone (the tails use masked loads and stores).
+    const int64_t sizes[] = {1, 7, 8, 9, 31, 33, 257, 1000, 4097};
+    std::uniform_real_distribution<float> ud(-1.f, 1.f);
+    for (const VariantInfo& v : list_variants()) {
+        if (!v.available || v.name == "ref" || (v.op != "softmax" && v.op != "gelu_tanh" && v.op != "silu_mul")) continue;
+        for (float spread : {1.f, 8.f, 90.f, 1e4f})
+            for (int64_t n : sizes) {
+                const float guard = 12345.f;
+                std::vector<float> x(n + 8, guard), b(n + 8, guard);
+                for (int64_t i = 0; i < n; ++i) x[i] = ud(rng) * spread, b[i] = ud(rng) * 3.f;
+                if (v.op == "softmax" && n > 2) x[n / 2] = -1e4f;  // a masking-like score
+                std::vector<float> want = x, got = x;
+                if (v.op == "softmax") {
+                    softmax_ref(want.data(), n, 0.125f);
+                    softmax_variant(v.name)(got.data(), n, 0.125f);
+                } else if (v.op == "gelu_tanh") {
+                    gelu_tanh_ref(want.data(), n);
+                    gelu_tanh_variant(v.name)(got.data(), n);
+                } else {
+                    silu_mul_ref(want.data(), b.data(), n);
+                    silu_mul_variant(v.name)(got.data(), b.data(), n);
+                }
+                double sw = 1.0, sg = 1.0;
+                if (v.op == "softmax") {
+                    sw = sg = 0.0;
+                    for (int64_t i = 0; i < n; ++i) sw += want[i], sg += got[i];
+                }
+                int bad = std::fabs(sg - 1.0) <= 1e-6 ? 0 : 1;
+                for (int64_t i = 0; i < n; ++i) {
+                    const double w = want[i] / sw, g = got[i] / sg;
+                    double tol = 2e-6 * std::fabs(w) + 1e-35;
+                    if (v.op == "gelu_tanh") tol += std::ldexp(std::fabs(x[i]), -22);
+                    if (!(std::fabs(g - w) <= tol)) ++bad;
+                }
+                for (int64_t i = n; i < n + 8; ++i) bad += got[i] != guard;
+                check(bad == 0, v.op + "/" + v.name + " n=" + std::to_string(n) + " spread=" + std::to_string(spread) +
+                                    ": " + std::to_string(bad) + " off");
+            }
+    }
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

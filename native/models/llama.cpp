@@ -271,7 +271,8 @@ std::string LlamaModel::variants() const {
     std::string out = std::string("layers (") + evk::type_traits(w.type)->name + "): decode=" + w.decode.name +
                       " prefill=" + w.prefill.name + "; output (" + evk::type_traits(output_.type)->name +
                       "): decode=" + output_.decode.name + " prefill=" + output_.prefill.name +
-                      "; attention=" + compute_.ops().attention_variant;
+                      "; attention=" + compute_.ops().attention_variant +
+                      "; silu_mul=" + compute_.ops().silu_mul_variant;
     return out;
 }
 

@@ -1,0 +1,67 @@
+// AVX2 + FMA element-wise operators built on the vector exp (exp_avx2.h): softmax, GELU (tanh
+// form) and SiLU-gate, 8 floats at a time, the tail (n % 8) through masked loads and stores with
+// the same arithmetic. Compiled for the baseline ISA; only these functions carry the AVX2 target.
+#if defined(__x86_64__)
+#include "exp_avx2.h"
+
+#include "../ops.h"
+
+namespace evk {
+
+// Same operator as softmax_ref: x = softmax(scale * x), max-subtracted; the sum in double.
+EV_AVX2 void softmax_avx2(float* x, int64_t n, float scale) {
+    if (n <= 0) return;
+    __m256 vmax = _mm256_set1_ps(x[0]);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float mx = _mm_cvtss_f32(m4);
+    for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+    const double sum = exp_sub_scaled_sum(x, n, mx, scale);  // >= 1: the maximum gives exp(0)
+    const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv));
+    }
+}
+
+namespace {
+
+// 0.5 x (1 + tanh(y)) with y = sqrt(2/pi) (x + 0.044715 x^3) is exactly x sigmoid(2y): no tanh,
+// and no cancellation where tanh(y) is near -1 (the scalar form loses all digits there).
+EV_AVX2 inline __m256 gelu8(__m256 x) {
+    const __m256 x2 = _mm256_mul_ps(x, x);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x2), x, x);  // x + 0.044715 x^3
+    return _mm256_mul_ps(x, sigmoid8(_mm256_mul_ps(_mm256_set1_ps(2.f * 0.7978845608028654f), inner)));
+}
+
+}  // namespace
+
+EV_AVX2 void gelu_tanh_avx2(float* a, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(a + i, gelu8(_mm256_loadu_ps(a + i)));
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(a + i, m, gelu8(_mm256_maskload_ps(a + i, m)));
+    }
+}
+
+// a = silu(a) * b = a sigmoid(a) b.
+EV_AVX2 void silu_mul_avx2(float* a, const float* b, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(a + i);
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(x)), _mm256_loadu_ps(b + i)));
+    }
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        const __m256 x = _mm256_maskload_ps(a + i, m);
+        _mm256_maskstore_ps(a + i, m, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(x)), _mm256_maskload_ps(b + i, m)));
+    }
+}
+
+}  // namespace evk
+#endif

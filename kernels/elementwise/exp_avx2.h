@@ -1,0 +1,86 @@
+// Vector exp for the AVX2 + FMA kernels (element-wise operators and attention), 8 floats at a time.
+// Only functions that carry the AVX2 target include this; the operator table calls them only on
+// CPUs that report AVX2 and FMA.
+//
+// exp(x) = 2^n e^r with n = round(x / ln2) and r = x - n ln2 (|r| <= ln2 / 2, ln2 in two parts so
+// r is exact to ~1e-12); e^r = 1 + r + r^2 q(r), q of degree 4 fitted to the relative error on
+// |r| <= ln2 / 2 (3e-9 in exact arithmetic, ~1.2 ulp evaluated in float32); 2^n is written into
+// the exponent bits. Inputs are clamped to [kExpMin, kExpMax], so every input, inf included,
+// gives a finite result: n stays in [-126, 127], a normal exponent. Below kExpMin (where the true
+// value is under 1.3e-38) the result is 0 instead of a subnormal.
+#pragma once
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+#ifndef EV_AVX2
+#define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace evk {
+
+constexpr float kExpMin = -87.3f;  // exp(-87.3) = 1.26e-38, just above FLT_MIN
+constexpr float kExpMax = 88.0f;   // exp(88) = 1.65e38, n = 127
+
+EV_AVX2 inline __m256 exp8(__m256 x) {
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln2, high 16 bits
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);    // ln2, the rest
+    __m256 q = _mm256_set1_ps(1.381461275741458e-3f);
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.368710055947304e-3f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.166838899254799e-2f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.666652113199234e-1f));
+    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.999999403953552e-1f));
+    const __m256 er = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(er, _mm256_castsi256_ps(two_n)));
+}
+
+// 1 / (1 + exp(-z)), from exp(-|z|) only (no overflow, no cancellation): t / (1 + t) for z < 0.
+EV_AVX2 inline __m256 sigmoid8(__m256 z) {
+    const __m256 t = exp8(_mm256_or_ps(z, _mm256_set1_ps(-0.f)));  // exp(-|z|)
+    const __m256 one = _mm256_set1_ps(1.f);
+    const __m256 num = _mm256_blendv_ps(one, t, _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_div_ps(num, _mm256_add_ps(one, t));
+}
+
+// Lanes [0, rem) set, for masked loads and stores of a tail of rem < 8 elements.
+EV_AVX2 inline __m256i tail_mask(int64_t rem) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rem)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+EV_AVX2 inline double hsum_pd(__m256d v) {
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
+    return _mm_cvtsd_f64(s);
+}
+
+// x[i] = exp(scale * (x[i] - mx)) for i in [0, n) (the argument rounded as the scalar reference
+// rounds it: a subtraction, then a product); returns the sum of the results, added in double.
+EV_AVX2 inline double exp_sub_scaled_sum(float* x, int64_t n, float mx, float scale) {
+    const __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_set1_ps(scale);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_loadu_ps(x + i), vmx)));
+        _mm256_storeu_ps(x + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(m),
+                                       exp8(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_maskload_ps(x + i, m), vmx))));
+        _mm256_maskstore_ps(x + i, m, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    return hsum_pd(_mm256_add_pd(s0, s1));
+}
+
+}  // namespace evk
+#endif
