@@ -7,6 +7,7 @@ greedy decode. Every stage is timed.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -22,6 +23,8 @@ from .text_model import GenerationResult, PrefixState, TextModel
 DEFAULT_PROMPT = "Describe what you see."
 DEFAULT_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 
+log = logging.getLogger("edgevlm")
+
 
 class VisionLanguageModel:
     """Load with load_vlm(). Not thread-safe: one describe() at a time."""
@@ -35,6 +38,8 @@ class VisionLanguageModel:
         self.mmproj_file = _engine.GGUFFile(str(self.mmproj_path))
         self.mmproj_metadata: dict[str, Any] = self.mmproj_file.metadata()
         self.vision = _engine.ClipVisionModel(self.mmproj_file, threads=self.text.native.threads)
+        log.info("%s: kernels %s (operator table: %s)", self.mmproj_path.name, self.vision.variants(),
+                 _engine.optable_source())
         vcfg = self.vision.config
         if vcfg["proj_dim"] != self.text.config["n_embd"]:
             raise ValueError(
