@@ -11,8 +11,15 @@ namespace evk {
 // Same operator as softmax_ref: x = softmax(scale * x), max-subtracted; the sum in double.
 EV_AVX2 void softmax_avx2(float* x, int64_t n, float scale) {
     if (n <= 0) return;
-    __m256 vmax = _mm256_set1_ps(x[0]);
+    __m256 vmax = _mm256_set1_ps(x[0]), m1 = vmax, m2 = vmax, m3 = vmax;  // four independent chains
     int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + i + 16));
+        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + i + 24));
+    }
+    vmax = _mm256_max_ps(_mm256_max_ps(vmax, m1), _mm256_max_ps(m2, m3));
     for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));

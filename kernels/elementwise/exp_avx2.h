@@ -63,8 +63,18 @@ EV_AVX2 inline double hsum_pd(__m256d v) {
 // rounds it: a subtraction, then a product); returns the sum of the results, added in double.
 EV_AVX2 inline double exp_sub_scaled_sum(float* x, int64_t n, float mx, float scale) {
     const __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_set1_ps(scale);
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd(), s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
     int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {  // two blocks of 8 per step: four independent sums
+        const __m256 e0 = exp8(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_loadu_ps(x + i), vmx)));
+        const __m256 e1 = exp8(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_loadu_ps(x + i + 8), vmx)));
+        _mm256_storeu_ps(x + i, e0);
+        _mm256_storeu_ps(x + i + 8, e1);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e0)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e0, 1)));
+        s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm256_castps256_ps128(e1)));
+        s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(e1, 1)));
+    }
     for (; i + 8 <= n; i += 8) {
         const __m256 e = exp8(_mm256_mul_ps(vs, _mm256_sub_ps(_mm256_loadu_ps(x + i), vmx)));
         _mm256_storeu_ps(x + i, e);
@@ -79,7 +89,7 @@ EV_AVX2 inline double exp_sub_scaled_sum(float* x, int64_t n, float mx, float sc
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
-    return hsum_pd(_mm256_add_pd(s0, s1));
+    return hsum_pd(_mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
 }
 
 }  // namespace evk
