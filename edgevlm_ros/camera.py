@@ -301,6 +301,8 @@ def add_camera_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--depth", type=_count, default=1, help="image QoS keep-last depth (default 1)")
     parser.add_argument("--wait-subscribers", type=_count, default=0,
                         help="before the first frame, wait until this many image subscribers matched (default 0)")
+    parser.add_argument("--wait-caption-subscribers", type=_count, default=0,
+                        help="scenes: also wait for this many ground-truth subscribers (default 0)")
     parser.add_argument("--node-name", default="edgevlm_camera", help="ROS node name (default: edgevlm_camera)")
     parser.add_argument("--quiet", action="store_true", help="no line per frame on stdout")
     # `--ros-args ...` cannot pass through argparse: split it off first (split_ros_args) and set this.
@@ -340,10 +342,14 @@ def _publish_loop(node: Any, source: FrameSource, args: argparse.Namespace, stat
         caption_pub = node.create_publisher(String, caption_topic, QoSProfile(
             history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE))
     deadline = time.monotonic() + 60.0
-    while args.wait_subscribers and image_pub.get_subscription_count() < args.wait_subscribers:
-        if time.monotonic() > deadline:
-            raise SourceError(f"no {args.wait_subscribers} subscriber(s) on {image_pub.topic_name} after 60 s")
-        rclpy.spin_once(node, timeout_sec=0.05)
+    waits = [(image_pub, args.wait_subscribers)]
+    if caption_pub is not None:
+        waits.append((caption_pub, getattr(args, "wait_caption_subscribers", 0)))
+    for pub, n in waits:
+        while n and pub.get_subscription_count() < n:
+            if time.monotonic() > deadline:
+                raise SourceError(f"no {n} subscriber(s) on {pub.topic_name} after 60 s")
+            rclpy.spin_once(node, timeout_sec=0.05)
     node.get_logger().info(f"publishing {source.name} frames on {image_pub.topic_name} at {args.rate:g} Hz"
                            + (f" (ground truth on {caption_pub.topic_name})" if caption_pub else ""))
     period = 1.0 / args.rate

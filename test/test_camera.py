@@ -127,11 +127,13 @@ def test_publisher_over_dds(tmp_path: Path) -> None:
     domain = random_domain_id()
     peer = RosPeer(domain)
     try:
-        images = peer.inbox(Image, "/cam1/image", QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT))
+        # Reliable here, so that every frame is checked; the default (best effort) is checked below.
+        images = peer.inbox(Image, "/cam1/image", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
         captions = peer.inbox(String, "/cam1/image/caption", QoSProfile(depth=10,
                                                                         reliability=ReliabilityPolicy.RELIABLE))
         cmd = [sys.executable, "-m", "edgevlm_ros.camera", "--frames", "4", "--rate", "10", "--seed", "3",
-               "--wait-subscribers", "1", "--frame-id", "cam_optical", "--ros-args", "-r", "__ns:=/cam1"]
+               "--wait-subscribers", "1", "--wait-caption-subscribers", "1", "--frame-id", "cam_optical",
+               "--reliable", "--depth", "10", "--ros-args", "-r", "__ns:=/cam1"]
         with Child(cmd, ros_env(domain, tmp_path / "log"), "camera") as cam:
             assert cam.wait(60) == 0, cam.tail()
             got = images.wait_count(4, timeout=10)
@@ -154,13 +156,22 @@ def test_publisher_over_dds(tmp_path: Path) -> None:
         peer.close()
 
 
-def test_publisher_stops_on_sigint(tmp_path: Path) -> None:
+def test_publisher_defaults_best_effort_and_stops_on_sigint(tmp_path: Path) -> None:
     pytest.importorskip("rclpy")
-    from ros_helpers import Child, random_domain_id, ros_env
+    from rclpy.qos import ReliabilityPolicy
+    from ros_helpers import Child, RosPeer, random_domain_id, ros_env
 
-    cmd = [sys.executable, "-m", "edgevlm_ros.camera", "--rate", "20"]
-    with Child(cmd, ros_env(random_domain_id(), tmp_path / "log"), "camera") as cam:
-        cam.wait_for_line(r"^frame 3 ", timeout=60)
-        cam.signal(signal.SIGINT)
-        assert cam.wait(10) == 0, cam.tail()
-        assert "Traceback" not in cam.output()
+    domain = random_domain_id()
+    peer = RosPeer(domain)
+    try:
+        cmd = [sys.executable, "-m", "edgevlm_ros.camera", "--rate", "20"]
+        with Child(cmd, ros_env(domain, tmp_path / "log"), "camera") as cam:
+            cam.wait_for_line(r"^frame 3 ", timeout=60)
+            infos = peer.node.get_publishers_info_by_topic("/image")
+            assert [i.qos_profile.reliability for i in infos] == [ReliabilityPolicy.BEST_EFFORT]
+            assert [i.node_name for i in infos] == ["edgevlm_camera"]
+            cam.signal(signal.SIGINT)
+            assert cam.wait(10) == 0, cam.tail()
+            assert "Traceback" not in cam.output()
+    finally:
+        peer.close()
