@@ -12,7 +12,7 @@ build:
 	$(PY) setup.py --quiet build_ext --inplace
 
 test: setup
-	$(PY) -m ruff check edgevlm_ros test
+	$(PY) -m ruff check .
 	PYTHONPATH=$(CURDIR) $(PY) -m pytest test -q -rs
 
 # The main job on the embedded default: camera -> node -> live descriptions, until Ctrl-C.
@@ -21,7 +21,7 @@ demo: setup
 	$(PY) -m edgevlm_ros.cli demo $(ARGS)
 
 lint:
-	$(PY) -m ruff check edgevlm_ros test
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf build edgevlm_ros/_engine*.so

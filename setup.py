@@ -4,10 +4,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import buildinfo  # noqa: E402
-
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+import buildinfo  # noqa: E402
 
 PACKAGE = "edgevlm_ros"
 

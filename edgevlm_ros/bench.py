@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from .argtypes import positive_int
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # A system prompt of the kind a robot keeps fixed for its whole run (~150 tokens).
@@ -996,16 +998,6 @@ def write_png(result: dict[str, Any], path: Path) -> None:
 # -- command line -------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
-    return v
-
-
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(x) for x in text.split(",") if x.strip())
@@ -1019,10 +1011,10 @@ def _int_list(text: str) -> tuple[int, ...]:
 def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the `bench` arguments to a (sub)parser."""
     parser.add_argument("--model", help="GGUF text model (default: SmolLM2-135M-Instruct Q4_1 from models/)")
-    parser.add_argument("--threads", type=_positive_int, default=2, help="threads for both engines (2)")
-    parser.add_argument("--repeats", type=_positive_int, default=None, help="runs per measure, median reported (3)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="threads for both engines (2)")
+    parser.add_argument("--repeats", type=positive_int, default=None, help="runs per measure, median reported (3)")
     parser.add_argument("--prefill-tokens", type=_int_list, default=None, help="prefill lengths (64,512)")
-    parser.add_argument("--decode-tokens", type=_positive_int, default=None, help="tokens decoded (128)")
+    parser.add_argument("--decode-tokens", type=positive_int, default=None, help="tokens decoded (128)")
     parser.add_argument("--no-peer", action="store_true", help="do not run llama.cpp")
     parser.add_argument("--peer-flash-attn", action="store_true", help="llama.cpp with flash attention on")
     parser.add_argument("--peer-omp-wait", choices=["auto", "default", "passive"], default="auto",
@@ -1031,13 +1023,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--peer-extra-bufts", choices=["auto", "on", "off"], default="auto",
                         help="llama.cpp's extra buffer types (repack/AMX): auto = on unless a probe crashes")
     parser.add_argument("--no-vision", action="store_true", help="skip the vision encoder")
-    parser.add_argument("--vision-layers", type=_positive_int, default=None,
+    parser.add_argument("--vision-layers", type=positive_int, default=None,
                         help="layers of the random vision tower (12, as SmolVLM-256M)")
     parser.add_argument("--mmproj", default=None, help="time this mmproj instead of a random one (ours only)")
     parser.add_argument("--mtmd-cli", default=None, help="llama.cpp's llama-mtmd-cli (default: venv, then PATH)")
     parser.add_argument("--cache-dir", default=None, help="where the random vision model is kept "
                         "(~/.cache/edgevlm_ros/bench)")
-    parser.add_argument("--bandwidth-mib", type=_positive_int, default=None,
+    parser.add_argument("--bandwidth-mib", type=positive_int, default=None,
                         help="array size for the bandwidth measure (1024 MiB)")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS child processes")
     parser.add_argument("--quick", action="store_true",
@@ -1097,14 +1089,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgevlm bench", description=__doc__.split("\n\n")[0])
-    add_bench_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_bench(args)
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"edgevlm bench: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
-        return 1
+    """`python -m edgevlm_ros.bench`: the same as `edgevlm bench`."""
+    from .cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

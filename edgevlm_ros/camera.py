@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .argtypes import non_negative_int
 from .scenes import Scene, generate_scene
 
 __all__ = [
@@ -143,7 +144,7 @@ class FolderSource(FrameSource):
             raise SourceError(f"folder '{folder}' has no images ({', '.join(IMAGE_EXTENSIONS)})")
         self.loop, self.size = loop, size
         self._pos = 0
-        self._count = 0
+        self.non_negative_int = 0
         self._readable_this_pass = 0
 
     def read(self) -> Frame | None:
@@ -161,8 +162,8 @@ class FolderSource(FrameSource):
                 log.warning("skipping '%s': not a readable image", path)
                 continue
             self._readable_this_pass += 1
-            frame = Frame(_resize(_bgr_to_rgb(image), self.size), self._count)
-            self._count += 1
+            frame = Frame(_resize(_bgr_to_rgb(image), self.size), self.non_negative_int)
+            self.non_negative_int += 1
             return frame
 
 
@@ -188,21 +189,21 @@ class VideoSource(FrameSource):
         if not self.cap.isOpened():
             what = "V4L2 device" if device else "video file"
             raise SourceError(f"cannot open {what} '{target}'")
-        self._count = 0
+        self.non_negative_int = 0
 
     def read(self) -> Frame | None:
         import cv2
 
         ok, image = self.cap.read()
-        if not ok and self.loop and not self.device and self._count > 0:
+        if not ok and self.loop and not self.device and self.non_negative_int > 0:
             self.cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
             ok, image = self.cap.read()
         if not ok:
             if self.device:
                 raise SourceError(f"V4L2 device '{self.target}' stopped delivering frames")
             return None
-        frame = Frame(_resize(_bgr_to_rgb(image), self.size), self._count)
-        self._count += 1
+        frame = Frame(_resize(_bgr_to_rgb(image), self.size), self.non_negative_int)
+        self.non_negative_int += 1
         return frame
 
     def close(self) -> None:
@@ -272,36 +273,27 @@ def _rate(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
 def add_camera_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the `camera` arguments to a (sub)parser (see the module docstring)."""
     parser.add_argument("--source", default="scenes",
                         help="scenes (default: the demo world), a folder of images, a video file, "
                         "/dev/videoN or v4l2:N")
     parser.add_argument("--rate", type=_rate, default=5.0, help="frames per second (default 5)")
-    parser.add_argument("--frames", type=_count, default=0, help="stop after this many frames (default 0: never)")
+    parser.add_argument("--frames", type=non_negative_int, default=0,
+                        help="stop after this many frames (default 0: never)")
     parser.add_argument("--size", type=_size, default=None,
                         help="WxH: scene size (default 320x240), resize for folder/video, requested from a device")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"scene stream (default {DEFAULT_SEED})")
-    parser.add_argument("--start", type=_count, default=0, help="first scene index (default 0)")
+    parser.add_argument("--start", type=non_negative_int, default=0, help="first scene index (default 0)")
     parser.add_argument("--loop", action="store_true", help="folder / video: start again at the end")
     parser.add_argument("--topic", default="image", help="image topic (default: image)")
     parser.add_argument("--caption-topic", default=None, help="ground-truth topic (default: <topic>/caption)")
     parser.add_argument("--frame-id", default="camera", help="header.frame_id (default: camera)")
     parser.add_argument("--reliable", action="store_true", help="reliable QoS for images (default: best effort)")
-    parser.add_argument("--depth", type=_count, default=1, help="image QoS keep-last depth (default 1)")
-    parser.add_argument("--wait-subscribers", type=_count, default=0,
+    parser.add_argument("--depth", type=non_negative_int, default=1, help="image QoS keep-last depth (default 1)")
+    parser.add_argument("--wait-subscribers", type=non_negative_int, default=0,
                         help="before the first frame, wait until this many image subscribers matched (default 0)")
-    parser.add_argument("--wait-caption-subscribers", type=_count, default=0,
+    parser.add_argument("--wait-caption-subscribers", type=non_negative_int, default=0,
                         help="scenes: also wait for this many ground-truth subscribers (default 0)")
     parser.add_argument("--node-name", default="edgevlm_camera", help="ROS node name (default: edgevlm_camera)")
     parser.add_argument("--quiet", action="store_true", help="no line per frame on stdout")

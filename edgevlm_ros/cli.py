@@ -11,30 +11,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from .argtypes import non_negative_int, positive_int
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not usage + message
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from models/)")
     gen.add_argument("--prompt", required=True, help="the user turn (or the raw text with --raw)")
     gen.add_argument("--system", help="system prompt (default: the chat template's own)")
-    gen.add_argument("--max-tokens", type=_non_negative_int, default=128, help="most tokens to generate (128)")
-    gen.add_argument("--threads", type=_positive_int, default=None, help="threads (default: cores, at most 8)")
+    gen.add_argument("--max-tokens", type=non_negative_int, default=128, help="most tokens to generate (128)")
+    gen.add_argument("--threads", type=positive_int, default=None, help="threads (default: cores, at most 8)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as it is: no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
@@ -55,11 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--mmproj", help="vision GGUF (mmproj) of the VLM")
     desc.add_argument("--prompt", default=None, help="the question about the image")
     desc.add_argument("--system", help="system prompt (its KV cache is reused, see --prefix-cache-dir)")
-    desc.add_argument("--max-tokens", type=_non_negative_int, default=64, help="most tokens to generate (64)")
-    desc.add_argument("--threads", type=_positive_int, default=None, help="threads (default: cores, at most 8)")
+    desc.add_argument("--max-tokens", type=non_negative_int, default=64, help="most tokens to generate (64)")
+    desc.add_argument("--threads", type=positive_int, default=None, help="threads (default: cores, at most 8)")
     desc.add_argument("--image-mode", choices=["tiled", "single"], default="single",
                       help="single: one encoder tile, constant latency (default); tiled: SmolVLM's tiles + global view")
-    desc.add_argument("--longest-edge", type=_positive_int, default=None,
+    desc.add_argument("--longest-edge", type=positive_int, default=None,
                       help="tiled mode: resize the longest edge to this first (default: the mmproj's)")
     desc.add_argument("--prefix-cache-dir", default=None, help="directory for the system prompt's KV cache file")
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")

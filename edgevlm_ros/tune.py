@@ -431,14 +431,10 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgevlm tune", description=__doc__.split("\n\n")[0])
-    add_tune_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_tune(args)
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"edgevlm tune: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
-        return 1
+    """`python -m edgevlm_ros.tune`: the same as `edgevlm tune`."""
+    from .cli import main as cli_main
+
+    return cli_main(["tune", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
