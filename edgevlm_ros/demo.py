@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .argtypes import non_negative_int, positive_int
 from .latency_stats import LatencyWindow
 
 STAGES = ("preprocess", "vision", "prefill", "decode", "total")
@@ -31,11 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--frames", type=int, default=0,
+    parser.add_argument("--frames", type=non_negative_int, default=0,
                         help="stop after this many described frames (0: run until Ctrl-C)")
     parser.add_argument("--rate", type=float, default=2.0, help="camera frames per second (default 2)")
-    parser.add_argument("--threads", type=int, default=0, help="engine threads (0: the machine's cores)")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="token budget per frame (32)")
+    parser.add_argument("--threads", type=non_negative_int, default=0, help="engine threads (0: the machine's cores)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="token budget per frame (32)")
     parser.add_argument("--seed", type=int, default=None, help="scene stream seed (default: the camera's)")
     parser.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")

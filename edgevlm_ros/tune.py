@@ -9,7 +9,8 @@ candidates are timed round-robin (--repeats rounds, best of them); per (format, 
 ranked by the sum of their best times over the shapes, and written fastest first, each with the
 features the built-in table names for it, the scalar reference last. When the output head's
 winner differs from the layers' winner, a `rows>=N` rule for the head comes first. Attention
-variants are timed on one head against 1024 keys (the vision tower's length).
+variants are timed on one head against 1024 keys (the vision tower's length); the element-wise
+variants (softmax, gelu_tanh, silu_mul) on 64 rows of 1024 floats (a vision tower's score rows).
 
 The table is written to optable.TUNED_TABLE (~/.cache/edgevlm_ros/optable.tsv) or --out; the
 engine loads it at its next start (or at once: optable.activate(path)). run_tune() leaves the
@@ -29,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+
+from .argtypes import positive_int
 
 FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
 PREFILL_M = 64
@@ -60,8 +63,9 @@ class TuneResult:
     path: Path
     text: str
     measures: list[Measure]
-    attention: dict[str, float]
+    attention: dict[str, float]  # operator "attention" of `single`, kept under this name
     threads: int
+    single: dict[str, dict[str, float]] = field(default_factory=dict)  # operator -> variant -> s/call
 
 
 # -- shapes and weights -------------------------------------------------------------------------
@@ -140,10 +144,19 @@ def matmul_candidates(fmt: str) -> list[str]:
             if v["op"] == "matmul" and v["available"] and fmt in v["formats"]]
 
 
-def attention_candidates() -> list[str]:
+ELEMENTWISE_OPS = ("softmax", "gelu_tanh", "silu_mul")
+ELEMENTWISE_SHAPE = (64, 1024)
+
+
+def op_candidates(op: str) -> list[str]:
+    """Names of the variants of a matrix-free operator (attention, softmax, ...) that run here."""
     from . import _engine
 
-    return [v["name"] for v in _engine.list_variants() if v["op"] == "attention" and v["available"]]
+    return [v["name"] for v in _engine.list_variants() if v["op"] == op and v["available"]]
+
+
+def attention_candidates() -> list[str]:
+    return op_candidates("attention")
 
 
 def variant_features(builtin_text: str) -> dict[tuple[str, str], str]:
@@ -169,8 +182,9 @@ class TuneConfig:
     log: Callable[[str], None] = field(default=lambda s: print(s, flush=True))
 
 
-def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, float], str]:
-    """Times every candidate, returns (matmul measures, attention seconds per call, shapes note)."""
+def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, float]], str]:
+    """Times every candidate, returns (matmul measures, per matrix-free operator the seconds per call
+    of each variant, shapes note)."""
     from . import _engine
 
     rng = np.random.default_rng(0)
@@ -221,7 +235,7 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, float], str]:
                 mm = Measure(fmt, phase, rows, k, m, stacked, secs, is_head)
                 measures.append(mm)
                 log("  " + _describe(mm))
-    attn: dict[str, float] = {}
+    single: dict[str, dict[str, float]] = {}
     names = attention_candidates()
     if names:
         n_kv = 64 if cfg.quick else ATTN_KV
@@ -239,7 +253,31 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, float], str]:
         attn = {n: s / calls for n, s in _time_round_robin({n: loop(n) for n in names}, cfg.repeats).items()}
         ranked = ", ".join(f"{n} {s * 1e6:.1f} us" for n, s in sorted(attn.items(), key=lambda kv: kv[1]))
         log(f"  attention (1 query, {n_kv} keys, dim {ATTN_DIM}): {ranked}")
-    return measures, attn, what
+        single["attention"] = attn
+    x = rng.normal(size=ELEMENTWISE_SHAPE).astype(np.float32)
+    b = rng.normal(size=ELEMENTWISE_SHAPE).astype(np.float32)
+    calls = 5 if cfg.quick else 50
+    for op in ELEMENTWISE_OPS:
+        names = op_candidates(op)
+        if not names:
+            continue
+
+        def loop_op(name: str, op: str = op) -> Callable[[], object]:
+            def run() -> None:
+                for _ in range(calls):
+                    if op == "softmax":
+                        _engine.kernel_elementwise(op, name, x, scale=0.125)
+                    elif op == "silu_mul":
+                        _engine.kernel_elementwise(op, name, x, b)
+                    else:
+                        _engine.kernel_elementwise(op, name, x)
+            return run
+
+        timed = _time_round_robin({n: loop_op(n) for n in names}, cfg.repeats).items()
+        single[op] = {n: s / calls for n, s in timed}
+        ranked = ", ".join(f"{n} {s * 1e6:.1f} us" for n, s in sorted(single[op].items(), key=lambda kv: kv[1]))
+        log(f"  {op} ({ELEMENTWISE_SHAPE[0]} x {ELEMENTWISE_SHAPE[1]}): {ranked}")
+    return measures, single, what
 
 
 def _describe(mm: Measure) -> str:
@@ -267,7 +305,8 @@ def rank(measures: Sequence[Measure], fmt: str, phase: str, head: bool) -> list[
     return sorted(total.items(), key=lambda kv: kv[1])
 
 
-def build_table(measures: Sequence[Measure], attn: dict[str, float], builtin_text: str, header: Sequence[str]) -> str:
+def build_table(measures: Sequence[Measure], single: dict[str, dict[str, float]], builtin_text: str,
+                header: Sequence[str]) -> str:
     """The tuned operator table: per (format, phase) the candidates fastest first, ref last; the
     built-in rules follow as fallbacks for anything not measured."""
     feats = variant_features(builtin_text)
@@ -302,11 +341,13 @@ def build_table(measures: Sequence[Measure], attn: dict[str, float], builtin_tex
                 if threshold <= head_rows:
                     lines += rules(fmt, phase, f"rows>={threshold}", heads, unit)
             lines += rules(fmt, phase, "any", layers, unit)
-    if attn:
-        for name, s in sorted(attn.items(), key=lambda kv: kv[1]):
+    for op, timed in single.items():
+        if not timed:
+            continue
+        for name, s in sorted(timed.items(), key=lambda kv: kv[1]):
             if name != "ref":
-                lines.append(f"attention  *  *  any  {feats.get(('attention', name), '-')}  {name}  # {s * 1e6:.2f} us")
-        lines.append("attention  *  *  any  -  ref")
+                lines.append(f"{op}  *  *  any  {feats.get((op, name), '-')}  {name}  # {s * 1e6:.2f} us")
+        lines.append(f"{op}  *  *  any  -  ref")
     lines.append("# built-in rules (kernels/optable.tsv) as fallbacks for anything not measured above")
     for line in builtin_text.replace(";", "\n").splitlines():
         body = line.split("#", 1)[0].strip()
@@ -324,7 +365,7 @@ def tune(cfg: TuneConfig) -> TuneResult:
     cpu = _cpu_name()
     log(f"edgevlm tune: {cpu}, {cfg.threads} threads, CPU features "
         f"{sorted(k for k, v in _engine.cpu_features().items() if v)}")
-    measures, attn, what = measure_all(cfg)
+    measures, single, what = measure_all(cfg)
     header = [
         "Operator implementation table tuned by `edgevlm tune` (format: see kernels/optable.tsv).",
         f"Measured {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} on {cpu}, {cfg.threads} threads, "
@@ -335,7 +376,7 @@ def tune(cfg: TuneConfig) -> TuneResult:
         "",
     ]
     header = [h.replace(";", ",") for h in header]  # the table parser reads ';' as a line break
-    text = build_table(measures, attn, optable._builtin_text(), header)
+    text = build_table(measures, single, optable._builtin_text(), header)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -346,7 +387,7 @@ def tune(cfg: TuneConfig) -> TuneResult:
         raise
     os.replace(tmp, out)
     optable.activate(out)
-    return TuneResult(out, text, measures, attn, cfg.threads)
+    return TuneResult(out, text, measures, single.get("attention", {}), cfg.threads, single)
 
 
 def _cpu_name() -> str:
@@ -362,16 +403,6 @@ def _cpu_name() -> str:
 # -- command line -------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
-    return v
-
-
 def _formats(text: str) -> tuple[str, ...]:
     vals = tuple(x.strip().upper() for x in text.split(",") if x.strip())
     bad = [v for v in vals if v not in FORMATS]
@@ -384,12 +415,12 @@ def _formats(text: str) -> tuple[str, ...]:
 def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the `tune` arguments to a (sub)parser."""
     parser.add_argument("--model", help="GGUF text model whose shapes to measure (default: SmolLM2-135M from models/)")
-    parser.add_argument("--threads", type=_positive_int, default=None, help="threads (default: cores, at most 8)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="threads (default: cores, at most 8)")
     parser.add_argument("--out", default=None, help="table file (default: ~/.cache/edgevlm_ros/optable.tsv, "
                         "which the engine loads at start)")
     parser.add_argument("--formats", type=_formats, default=FORMATS,
                         help="weight formats (all: " + ",".join(FORMATS) + ")")
-    parser.add_argument("--repeats", type=_positive_int, default=None, help="timed rounds per shape (5)")
+    parser.add_argument("--repeats", type=positive_int, default=None, help="timed rounds per shape (5)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 round: a smoke test, not a tuning")
     return parser
 

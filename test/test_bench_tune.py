@@ -155,6 +155,12 @@ def test_tune_quick_writes_a_table_the_engine_uses(tmp_path, capsys, restore_opt
             tuned = text.split("# built-in rules", 1)[0]
             block = [ln.split()[5] for ln in tuned.splitlines() if ln.split()[:4] == ["matmul", fmt, phase, "any"]]
             assert block[-1] == "ref" and "ref" not in block[:-1]
+    # The matrix-free operators are measured too: each written fastest first, closed by the reference.
+    for op in ("attention", *tune.ELEMENTWISE_OPS):
+        names = tune.op_candidates(op)
+        assert f"  {op} " in printed or f"  {op} (" in printed, op
+        block = [ln.split("#", 1)[0].split()[5] for ln in tuned.splitlines() if ln.split()[:1] == [op]]
+        assert sorted(block) == sorted(names) and block[-1] == "ref", (op, block)
 
 
 def _measure(fmt, phase, secs, rows=576, k=576, head=False):
