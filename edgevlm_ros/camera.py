@@ -372,6 +372,13 @@ def _publish_loop(node: Any, source: FrameSource, args: argparse.Namespace, stat
             truth = f"  {frame.scene.caption}" if frame.scene is not None else ""
             print(f"frame {frame.index} {stamp.sec}.{stamp.nanosec:09d} {rgb.shape[1]}x{rgb.shape[0]}{truth}",
                   flush=True)
+    # At the end of the source: give reliable subscribers the chance to receive (or have resent)
+    # the last frames before this process, and its writer, go away.
+    from rclpy.duration import Duration
+
+    for pub in (image_pub, caption_pub):
+        if pub is not None and pub.qos_profile.reliability == ReliabilityPolicy.RELIABLE:
+            pub.wait_for_all_acked(Duration(seconds=3.5))  # > one Fast DDS heartbeat (3 s)
 
 
 def run_camera(args: argparse.Namespace) -> int:

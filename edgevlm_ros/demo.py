@@ -19,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,10 @@ def _ros_env() -> dict[str, str]:
     return env
 
 
-def _start_children(args: argparse.Namespace, text_model: Path, mmproj: Path, env: dict[str, str]) -> list[Any]:
+def _start_children(args: argparse.Namespace, text_model: Path, mmproj: Path, env: dict[str, str],
+                    log_dir: Path) -> list[Any]:
+    """The node and the camera as process groups of their own; their stderr goes to files in
+    log_dir (a pipe nobody reads would fill and stop a child that logs for hours)."""
     py = sys.executable
     camera = [py, "-m", "edgevlm_ros.cli", "camera", "--rate", str(args.rate)]
     if args.seed is not None:
@@ -84,9 +88,12 @@ def _start_children(args: argparse.Namespace, text_model: Path, mmproj: Path, en
             "-p", f"model:={text_model}", "-p", f"mmproj:={mmproj}",
             "-p", f"max_new_tokens:={args.max_new_tokens}", "-p", f"threads:={args.threads}"]
     procs = []
-    for cmd in (node, camera):
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, start_new_session=True))
+    for name, cmd in (("node", node), ("camera", camera)):
+        with open(log_dir / f"{name}.log", "w", encoding="utf-8") as err:
+            p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                                 start_new_session=True)
+        p.log_path = log_dir / f"{name}.log"  # type: ignore[attr-defined]
+        procs.append(p)
     return procs
 
 
@@ -131,7 +138,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     stats = DemoStats()
     truths: dict[tuple[int, int], Any] = {}
-    procs = _start_children(args, text_model, DEMO_MMPROJ_PATH, env)
+    log_dir = Path(tempfile.mkdtemp(prefix="edgevlm_demo_"))
+    procs = _start_children(args, text_model, DEMO_MMPROJ_PATH, env, log_dir)
     rclpy.init()
     node = rclpy.create_node("edgevlm_demo_monitor")
 
@@ -185,9 +193,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 break
             dead = [p for p in procs if p.poll() is not None]
             if dead:
-                err = (dead[0].stderr.read() or "").strip().splitlines()
-                print(f"edgevlm demo: a child process exited ({err[-1] if err else dead[0].returncode})",
-                      file=sys.stderr)
+                err = dead[0].log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+                print(f"edgevlm demo: a child process exited ({err[-1] if err else dead[0].returncode}; "
+                      f"log: {dead[0].log_path})", file=sys.stderr)
                 code = 1
                 break
     except (KeyboardInterrupt, ExternalShutdownException):

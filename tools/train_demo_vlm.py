@@ -1,44 +1,59 @@
 #!/usr/bin/env python3
 """Trains the embedded demo VLM's vision side and writes it, with its record, to edgevlm_ros/data/.
 
-    .venv/bin/python tools/train_demo_vlm.py            # ~1 h on a 2-core machine; a developer tool, not CI
+    .venv/bin/python tools/train_demo_vlm.py            # a developer tool, not CI (see "Time" below)
 
 What is trained: a SigLIP-style vision tower and the idefics3 connector, built from transformers'
 own Idefics3 classes (so the math is exactly what the converter and the engine implement), on top
 of the real SmolLM2-135M-Instruct decoder, frozen (the Q4_1 GGUF dequantized to float32, plus the
 128 zero rows of SmolVLM's added tokens: edgevlm_ros/demo_model.py). The world is the synthetic
-one of edgevlm_ros/scenes.py; the target is its ground-truth caption after the chat prompt.
+one of edgevlm_ros/scenes.py; the target is its ground-truth caption after the chat prompt
+(the node's default request, "Describe the image in one sentence.").
 
 Shapes: 128 x 128 input, 16 x 16 patches (an 8 x 8 grid), width 128, 4 layers, 2 heads, MLP 512,
-pixel shuffle scale 2 -> 16 image tokens of width 576 (about 1.1 M parameters, ~2 MB as F16).
+pixel shuffle scale 2 -> 16 image tokens of width 576 (about 1.2 M parameters, ~2.6 MB as F16).
 Small on purpose: on this 2-core machine, shared with other jobs, a 256 px tile (256 patches,
 width 192) ran ~15x slower per step and learned too little in 20 minutes (2026-11-30); what the
 tower must learn is mostly routing (which third goes to which image token), which takes steps.
 
-Two stages, because backpropagating through the 135M decoder costs ~6x more per frame than the
-tower does:
-1. "keywords": tower + connector learn to emit, at the 16 image positions, the decoder's own input
-   embeddings of the scene's key words, one slot group per third of the frame (count, size,
-   colour, shape, position; "." where a third is empty). Cheap (no decoder), and it leaves the
-   decoder reading something it already understands.
-   A throw-away linear head on the tower's patch outputs also learns, per patch, the colour and the
-   shape of the object covering it (or background): a dense, local signal that teaches the tower to
-   see much faster than the 16 slots alone; it is not part of the exported model. And one attention
-   head (layer 3 of 4, head 0) is told where to look: the patches of a mention's image tokens attend
-   to the patches of that third's objects. Without it the tower learned the routing far too slowly
-   for the time here (colour right in 30% of the slots after 950 steps).
-2. "caption": the last tower layer, the post-norm and the connector learn, through the frozen
-   decoder, to make it write the exact caption (cross-entropy on the caption and <|im_end|>),
-   for the two prompts the package uses ("Describe what you see." and the node's
-   "Describe the image in one sentence.").
+The image tokens are trained to hold a "soft prompt" the frozen decoder turns into the caption:
+16 slots, five per third of the frame (count, size, colour, shape, position words; "." where the
+third is empty) and an end slot; slot k holds E[word] + offset[k] + delta[word] (E: the decoder's
+own input embeddings). Stages (`--stages`, each saves to --work, so they can run as separate
+commands; "prompt" needs no vision weights and may run beside "keywords"):
+1. keywords: tower + connector learn to emit E[word] per slot (offsets and deltas zero) — no
+   decoder in the loop, so a step costs ~1/20 of a decoder step. A throw-away linear head on the
+   tower's patch outputs also learns, per patch, the colour and the shape of the object covering it
+   (or background): a dense, local signal that teaches the tower to see sooner; it is not exported.
+2. prompt: the offsets and deltas (25 x 576 + 16 x 576 numbers) learn, through the frozen decoder,
+   to make it write the exact caption (cross-entropy on the caption and <|im_end|>), from scene
+   descriptions alone (no pixels, no tower). Starting from plain keywords the decoder already got
+   62% of the caption tokens right; 50 steps of 16 scenes bring it to ~98%.
+3. regress: the tower + connector learn the learned targets (same losses as stage 1). The shipped
+   model runs this stage alone from a fresh tower (--regress-from-scratch --pos-init routing):
+   the routing start (VisionSide._routing_prior) gives head 0 of the last layer "each mention's
+   tokens look at their third" before the first step, and the dense per-patch head also learns
+   size and object centres. With it the colour and position slots are right in >98% of held-out
+   slots after ~4 minutes instead of ~4000 steps.
+4. caption (optional, --steps2 > 0): connector + top of the tower fine-tuned through the decoder.
+5. eval: export (transformers-layout checkpoint -> edgevlm_ros.convert.convert_mmproj, F16), then
+   `--eval-frames` frames of `--eval-seed` (never used in training) through OUR engine and through
+   torch (the same F16-rounded vision weights, the same dequantized decoder): accuracy by
+   edgevlm_ros.scenes.score, greedy text agreement, near ties. Everything lands in the JSON record.
 
-Then: export (transformers-layout checkpoint -> edgevlm_ros.convert.convert_mmproj, F16), and an
-evaluation on `--eval-frames` frames of `--eval-seed` (never used in training) through OUR engine
-and through torch (the same F16-rounded vision weights, the same dequantized decoder): accuracy by
-edgevlm_ros.scenes.score, greedy text agreement, near ties. Everything lands in the JSON record.
+What is slow: SHAPE. With perfect slots the frozen decoder names 99% of the objects right
+(48 held-out scenes: soft prompt alone, no pixels), so the vision side is the limit, and in it the
+shape slot: the tower learns colour, position, size and count in minutes, but shape only turns
+after ~1500 steps (per-patch shape accuracy 0.5 -> 0.97 between steps ~1250 and 5000 of the
+shipped run). docs/demo-model.md has the pilots (tile size, patch size, width, depth, object
+size, grouping supervision, the dark outline that the scenes now draw) and that curve.
 
-Seeds: stage 1 draws frames from stream `seed`, stage 2 from `seed + 1`, its monitor from
-`seed + 2`; the evaluation seed must differ from all three.
+Seeds: the vision stages draw frames from stream `seed`, the prompt stage scenes from `seed + 1`,
+the held-out monitor from `seed + 2`; the evaluation seed must differ from all three.
+
+Time: --threads sets torch's threads (default 1, so that the machine stays usable). The record
+lists the exact commands of the shipped model and their wall times; the prompt stage ran on one
+thread beside other jobs (~40 min), the regress stage on two threads on a quiet machine.
 """
 
 from __future__ import annotations
@@ -86,6 +101,8 @@ MLP = 512
 SCALE = 2
 N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2 // SCALE**2  # 16
 TEXT_WIDTH = 576
+ROUTE_LAYER = LAYERS - 1  # the layer whose head 0 gathers each third's patches for its mention tokens
+GROUP_LAYERS = (1, 2)  # layers whose head 0 learns to gather each object's patches (grouping_target)
 
 # The node's default request (config/edgevlm.yaml). Stage 2 trains on it alone: decoder time is scarce.
 PROMPTS = ("Describe the image in one sentence.",)
@@ -119,13 +136,19 @@ def sample(seed: int, index: int, cfg: PreprocessConfig, size: tuple[int, int] |
     return scene, preprocess(scene.image(), cfg).pixel_values[0]
 
 
-def patch_labels(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per patch of the tile (row-major), the colour and shape index of the object covering most of
-    it (at least a fifth), else the background class (len(COLOURS), len(SHAPES)). The tile is the
-    whole frame stretched, so the patch grid is the frame cut into side x side cells."""
+SHAPE_COVERAGE = 0.5  # a patch's shape label counts only where its object covers at least this much of it
+
+
+def patch_labels(scene: Scene) -> tuple[np.ndarray, ...]:
+    """Per patch of the tile (row-major): the colour, shape and size index of the object covering
+    most of it (at least a fifth), else the background class (len(COLOURS), len(SHAPES), len(SIZES));
+    the index of that object (-1: none); and how many object centres lie in the patch. The shape
+    label is -100 (ignored) where the object covers less than SHAPE_COVERAGE of the patch: a sliver
+    of an edge does not tell a circle from a square. The tile is
+    the whole frame stretched, so the patch grid is the frame cut into side x side cells."""
     import cv2
 
-    from edgevlm_ros.scenes import COLOURS, SHAPES, _object_mask
+    from edgevlm_ros.scenes import COLOURS, SHAPES, SIZES, _object_mask
 
     side = IMAGE_SIZE // PATCH_SIZE
     ids = np.zeros((scene.height, scene.width), np.uint8)
@@ -134,16 +157,25 @@ def patch_labels(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     fractions = np.stack([cv2.resize((ids == k + 1).astype(np.float32), (side, side), interpolation=cv2.INTER_AREA)
                           for k in range(len(scene.objects))])
     best = fractions.argmax(0)
+    cover = fractions.max(0).reshape(-1)
     covered = fractions.max(0) >= 0.2
     colours, shapes = list(COLOURS), list(SHAPES)
     col = np.full(side * side, len(colours), np.int64)
     shp = np.full(side * side, len(shapes), np.int64)
+    size = np.full(side * side, len(SIZES), np.int64)
     obj = np.full(side * side, -1, np.int64)
     for flat, (b, c) in enumerate(zip(best.reshape(-1), covered.reshape(-1), strict=True)):
         if c:
             o = scene.objects[int(b)]
-            col[flat], shp[flat], obj[flat] = colours.index(o.colour), shapes.index(o.shape), int(b)
-    return col, shp, obj
+            col[flat], obj[flat] = colours.index(o.colour), int(b)
+            shp[flat] = shapes.index(o.shape) if cover[flat] >= SHAPE_COVERAGE else -100
+            size[flat] = SIZES.index(o.size)
+    centres = np.zeros(side * side, np.float32)
+    for o in scene.objects:
+        cx = min(int(o.cx / scene.width * side), side - 1)
+        cy = min(int(o.cy / scene.height * side), side - 1)
+        centres[cy * side + cx] += 1.0
+    return col, shp, size, obj, centres
 
 
 def _token_patches() -> list[list[int]]:
@@ -157,6 +189,18 @@ def _token_patches() -> list[list[int]]:
 
 
 TOKEN_PATCHES = _token_patches()
+
+
+def set_tile(image_size: int, patch_size: int, scale: int) -> None:
+    """Another tile geometry (it must still give N_IMAGE_TOKENS image tokens)."""
+    global IMAGE_SIZE, PATCH_SIZE, SCALE, TOKEN_PATCHES
+    side = image_size // patch_size
+    if image_size % patch_size or side % scale or (side // scale) ** 2 != N_IMAGE_TOKENS:
+        raise ValueError(f"{image_size}/{patch_size}/scale {scale} does not give {N_IMAGE_TOKENS} image tokens")
+    IMAGE_SIZE, PATCH_SIZE, SCALE = image_size, patch_size, scale
+    TOKEN_PATCHES = _token_patches()
+
+
 SLOT_GROUPS = [list(range(5 * g, 5 * g + 5)) for g in range(len(POSITIONS))]  # tokens of each third's mention
 
 
@@ -175,6 +219,19 @@ def routing_target(scene: Scene, obj: np.ndarray) -> tuple[np.ndarray, np.ndarra
                 target[q, keys] = 1.0 / len(keys)
                 mask[q] = True
     return target, mask
+
+
+def grouping_target(obj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which patches belong together: (patches, patches) rows = query patches, for a patch of an object
+    a uniform distribution over that object's patches; and which rows are supervised (object patches).
+    Shape is a property of the whole silhouette, not of one patch (an inner patch is just colour), so
+    the grouping heads (GROUP_LAYERS) are told to gather each object's patches."""
+    n = obj.shape[0]
+    target = np.zeros((n, n), np.float32)
+    for o in set(obj[obj >= 0].tolist()):
+        members = np.flatnonzero(obj == o)
+        target[np.ix_(members, members)] = 1.0 / len(members)
+    return target, obj >= 0
 
 
 class Keywords:
@@ -263,7 +320,7 @@ def idefics3_config() -> Any:
 class VisionSide:
     """transformers' Idefics3VisionTransformer + Idefics3Connector: image -> 16 x 576 embeddings."""
 
-    def __init__(self, config: Any, seed: int) -> None:
+    def __init__(self, config: Any, seed: int, pos_init: str = "default") -> None:
         import torch
         from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
 
@@ -276,28 +333,71 @@ class VisionSide:
         # Start the image tokens near the decoder's embedding scale (|e| ~ 2.5), not ~14 as nn.Linear's
         # default gives for 3072 unit-variance inputs.
         torch.nn.init.normal_(self.connector.modality_projection.proj.weight, std=0.002)
-        # 2-D sine/cosine position embeddings (x in half the channels, y in the other half) instead of
-        # N(0, 0.02^2): the tower's main job is routing (this third -> those image tokens), and it
-        # learns position-based attention much sooner from a clear position code.
+        if pos_init == "sincos":
+            # 2-D sine/cosine position embeddings (x in half the channels, y in the other half) instead
+            # of N(0, 0.02^2). Tried (a 4-minute run): no clear gain; the shipped model does not use it.
+            side = IMAGE_SIZE // PATCH_SIZE
+            half = WIDTH // 2
+            freqs = torch.exp(-math.log(100.0) * torch.arange(half // 2) / (half // 2))
+            ys, xs = torch.meshgrid(torch.arange(side, dtype=torch.float32),
+                                    torch.arange(side, dtype=torch.float32), indexing="ij")
+
+            def code(v: Any) -> Any:
+                a = v.reshape(-1, 1) * freqs
+                return torch.cat([a.sin(), a.cos()], 1)
+
+            with torch.no_grad():
+                self.vision.embeddings.position_embedding.weight.copy_(torch.cat([code(xs), code(ys)], 1))
+
+        elif pos_init == "routing":
+            self._routing_prior()
+
+    def _routing_prior(self) -> None:
+        """Initial weights that give head 0 of the last layer a start on the routing: every patch of
+        a third's mention tokens attends evenly to the patches of that third (and nothing else does).
+        Six channels of the position embeddings carry two codes, "my third" (which third of the frame
+        the patch lies in) and "my group" (which third the image token the patch belongs to describes);
+        the head's query reads the group code, its key the third code. The patch embedding writes
+        nothing into those channels at the start. Everything stays trainable: this is where training
+        starts, not a fixed part of the model."""
+        import torch
+
         side = IMAGE_SIZE // PATCH_SIZE
-        half = WIDTH // 2
-        freqs = torch.exp(-math.log(100.0) * torch.arange(half // 2) / (half // 2))
-        ys, xs = torch.meshgrid(torch.arange(side, dtype=torch.float32), torch.arange(side, dtype=torch.float32),
-                                indexing="ij")
-        def code(v: Any) -> Any:
-            a = v.reshape(-1, 1) * freqs
-            return torch.cat([a.sin(), a.cos()], 1)
+        n_thirds = len(POSITIONS)
+        third_ch = list(range(WIDTH - 2 * n_thirds, WIDTH - n_thirds))
+        group_ch = list(range(WIDTH - n_thirds, WIDTH))
+        alpha, beta = 4.0, 3.0
+        pos = self.vision.embeddings.position_embedding.weight
+        attn = self.vision.encoder.layers[ROUTE_LAYER].self_attn
         with torch.no_grad():
-            self.vision.embeddings.position_embedding.weight.copy_(torch.cat([code(xs), code(ys)], 1))
+            pos[:, third_ch + group_ch] = 0.0
+            for p in range(side * side):
+                pos[p, third_ch[min(int(3 * ((p % side) + 0.5) / side), n_thirds - 1)]] = alpha
+            for g, tokens in enumerate(SLOT_GROUPS):
+                for k in tokens:
+                    for p in TOKEN_PATCHES[k]:
+                        pos[p, group_ch[g]] = alpha
+            self.vision.embeddings.patch_embedding.weight[third_ch + group_ch] = 0.0
+            self.vision.embeddings.patch_embedding.bias[third_ch + group_ch] = 0.0
+            # Head 0 owns the first head_dim rows of q_proj / k_proj; its first three dimensions match codes.
+            for d in range(n_thirds):
+                attn.q_proj.weight[d] = 0.0
+                attn.k_proj.weight[d] = 0.0
+                attn.q_proj.weight[d, group_ch[d]] = beta
+                attn.k_proj.weight[d, third_ch[d]] = beta
+            attn.q_proj.bias[:n_thirds] = 0.0
+            attn.k_proj.bias[:n_thirds] = 0.0
 
     def modules(self) -> list[Any]:
         return [self.vision, self.connector]
 
     def __call__(self, pixel_values: Any, with_patches: bool = False) -> Any:
+        """(B, 16, 576) image embeddings; with_patches: also the patch states that enter the routing
+        layer (B, patches, WIDTH), and the attention maps in self.attentions."""
         if with_patches:
-            o = self.vision(pixel_values=pixel_values, output_attentions=True)
+            o = self.vision(pixel_values=pixel_values, output_attentions=True, output_hidden_states=True)
             self.attentions = o.attentions
-            return self.connector(o.last_hidden_state), o.last_hidden_state
+            return self.connector(o.last_hidden_state), o.hidden_states[ROUTE_LAYER]
         return self.connector(self.vision(pixel_values=pixel_values).last_hidden_state)
 
     def state_dict(self) -> dict[str, Any]:
@@ -385,14 +485,15 @@ class FramePool:
             if k not in self._frames:
                 self._frames[k] = sample(self.seed, k, self.cfg)
                 if self.labels:
-                    col, shp, obj = patch_labels(self._frames[k][0])
-                    self._labels[k] = (col, shp, *routing_target(self._frames[k][0], obj))
+                    col, shp, size, obj, centres = patch_labels(self._frames[k][0])
+                    self._labels[k] = (col, shp, size, centres, *routing_target(self._frames[k][0], obj),
+                                       *grouping_target(obj))
             s, p = self._frames[k]
             scenes.append(s)
             px.append(p)
         if self.labels:
             ks = [i % self.size for i in range(start, start + n)]
-            self.last_labels = tuple(torch.from_numpy(np.stack([self._labels[k][j] for k in ks])) for j in range(4))
+            self.last_labels = tuple(torch.from_numpy(np.stack([self._labels[k][j] for k in ks])) for j in range(8))
         return scenes, torch.from_numpy(np.stack(px))
 
 
@@ -437,9 +538,10 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     plus the dense per-patch colour / shape head."""
     import torch
 
-    from edgevlm_ros.scenes import COLOURS, SHAPES
+    from edgevlm_ros.scenes import COLOURS, SHAPES, SIZES
 
-    aux = torch.nn.Linear(WIDTH, len(COLOURS) + 1 + len(SHAPES) + 1)  # dense per-patch head, not exported
+    n_col, n_shp, n_size = len(COLOURS) + 1, len(SHAPES) + 1, len(SIZES) + 1
+    aux = torch.nn.Linear(WIDTH, n_col + n_shp + n_size + 1)  # dense per-patch head, not exported
     params = [p for m in [*vs.modules(), aux] for p in m.parameters()]
     for p in params:
         p.requires_grad_(True)
@@ -457,8 +559,12 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     t0 = time.time()
     step = 0
     acc_hist: list[float] = []
+    dense_shape_hist: list[float] = []  # per-patch shape accuracy on object patches (the aux head)
     pool = FramePool(args.seed, args.pool1, cfg, labels=True)
-    n_col = len(COLOURS) + 1
+    # Per-slot weights of the slot loss: the shape slots (4th of each group) can count more.
+    slot_weight = torch.ones(N_IMAGE_TOKENS)
+    slot_weight[[5 * g + 3 for g in range(len(POSITIONS))]] = args.shape_weight
+    slot_weight = slot_weight.repeat(args.batch1) / slot_weight.mean()
     for step in range(steps):
         if time.time() > deadline:
             log.warning("%s: time budget reached after %d steps", name, step)
@@ -468,22 +574,30 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
         tgt_idx = soft.index[tgt]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
-        out, patches = vs(px, with_patches=True)  # (B, 16, 576), (B, 64, WIDTH)
+        out, patches = vs(px, with_patches=True)  # (B, 16, 576), (B, patches, WIDTH) entering the routing layer
         logits = slot_logits(out)
-        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, len(kw.vocab)), tgt_idx.reshape(-1))
+        ce = (torch.nn.functional.cross_entropy(logits.reshape(-1, len(kw.vocab)), tgt_idx.reshape(-1),
+                                                reduction="none") * slot_weight).mean()
         with torch.no_grad():
             target = soft(tgt)
         mse = (out - target).pow(2).sum(-1).mean() / scale
         assert pool.last_labels is not None
-        col_t, shp_t, route_t, route_m = pool.last_labels
-        # Routing: head 0 of the second-to-last layer learns where each mention's tokens must look.
-        att = vs.attentions[LAYERS - 2][:, 0]  # (B, 64, 64)
+        col_t, shp_t, size_t, centre_t, route_t, route_m, group_t, group_m = pool.last_labels
+        # Routing (optional): head 0 of the routing layer is told where each mention's tokens must look.
+        att = vs.attentions[ROUTE_LAYER][:, 0]  # (B, patches, patches)
         route = -(route_t * torch.log(att + 1e-9)).sum(-1)[route_m].mean() if bool(route_m.any()) else att.sum() * 0
+        group = sum(-(group_t * torch.log(vs.attentions[layer][:, 0] + 1e-9)).sum(-1)[group_m].mean()
+                    for layer in GROUP_LAYERS) / len(GROUP_LAYERS) if bool(group_m.any()) else att.sum() * 0
         a = aux(patches)
-        n_shp = a.shape[-1] - n_col
-        dense = (torch.nn.functional.cross_entropy(a[..., :n_col].reshape(-1, n_col), col_t.reshape(-1))
-                 + torch.nn.functional.cross_entropy(a[..., n_col:].reshape(-1, n_shp), shp_t.reshape(-1)))
-        loss = ce + 0.5 * mse + 0.5 * dense + args.route_weight * route
+        ce_of = torch.nn.functional.cross_entropy
+        a_col, a_shp, a_size, a_ctr = a.split([n_col, n_shp, n_size, 1], -1)
+        dense = (ce_of(a_col.reshape(-1, n_col), col_t.reshape(-1)) + ce_of(a_shp.reshape(-1, n_shp), shp_t.reshape(-1))
+                 + ce_of(a_size.reshape(-1, n_size), size_t.reshape(-1))
+                 + (a_ctr.squeeze(-1) - centre_t).pow(2).mean())
+        with torch.no_grad():
+            obj_patch = (shp_t >= 0) & (shp_t < len(SHAPES))
+            dense_shape_hist.append(float((a_shp.argmax(-1) == shp_t)[obj_patch].float().mean()))
+        loss = ce + 0.5 * mse + args.dense_weight * dense + args.route_weight * route + args.group_weight * group
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -491,9 +605,10 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
         acc = float((logits.argmax(-1) == tgt_idx).float().mean())
         acc_hist.append(acc)
         if step % 10 == 0 or step == steps - 1:
-            log.info("%s step %d/%d loss %.4f ce %.4f mse %.4f dense %.4f route %.4f slot-acc %.3f (%.0f s)", name,
-                     step, steps, loss.item(), ce.item(), mse.item(), dense.item(), route.item(), acc,
-                     time.time() - t0)
+            log.info("%s step %d/%d loss %.4f ce %.4f mse %.4f dense %.4f route %.4f slot-acc %.3f "
+                     "patch-shape-acc %.3f group %.3f (%.0f s)", name, step, steps, loss.item(), ce.item(), mse.item(),
+                     dense.item(), route.item(), float(np.mean(acc_hist[-10:])), float(np.mean(dense_shape_hist[-10:])),
+                     group.item(), time.time() - t0)
     for m in vs.modules():
         m.eval()
     with torch.no_grad():
@@ -516,8 +631,8 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
              "relative mse %.4f, by kind %s", name, args.seed + 2, held_slot, held_frame, held_mse, by_kind)
     return {"held_out_slot_accuracy": round(held_slot, 4), "held_out_frames_all_slots_right": round(held_frame, 4),
             "held_out_accuracy_of_used_slots_by_kind": by_kind,
-            "held_out_relative_mse": round(held_mse, 4), "steps": step + 1, "frames": (step + 1) * args.batch1,
-            "distinct_frames": min(args.pool1, (step + 1) * args.batch1), "seconds": round(time.time() - t0, 1),
+            "held_out_relative_mse": round(held_mse, 4), "steps": len(acc_hist), "frames": len(acc_hist) * args.batch1,
+            "distinct_frames": min(args.pool1, len(acc_hist) * args.batch1), "seconds": round(time.time() - t0, 1),
             "final_slot_accuracy_train_avg20": round(float(np.mean(acc_hist[-20:])), 4) if acc_hist else None}
 
 
@@ -667,6 +782,39 @@ def export(vs: VisionSide, config: Any, hf_dir: Path, out: Path) -> Path:
     }
     (hf_dir / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
     return convert_mmproj(hf_dir, out, "f16", name="edgevlm-demo")
+
+
+_MMPROJ_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                       "attn_out": "self_attn.out_proj", "ln1": "layer_norm1", "ln2": "layer_norm2",
+                       "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
+_MMPROJ_NAMES = {"v.patch_embd.weight": "model.vision_model.embeddings.patch_embedding.weight",
+                 "v.patch_embd.bias": "model.vision_model.embeddings.patch_embedding.bias",
+                 "v.position_embd.weight": "model.vision_model.embeddings.position_embedding.weight",
+                 "v.post_ln.weight": "model.vision_model.post_layernorm.weight",
+                 "v.post_ln.bias": "model.vision_model.post_layernorm.bias",
+                 "mm.model.fc.weight": "model.connector.modality_projection.proj.weight"}
+
+
+def load_mmproj(vs: VisionSide, path: Path) -> None:
+    """Loads an mmproj GGUF written by export() back into the torch model (the inverse of the
+    converter's vision plan: same names, no permutation; F16 widened to F32), so that the committed
+    file can be checked against torch without the training checkpoint."""
+    import torch
+    from gguf import GGUFReader
+
+    want = vs.state_dict()
+    got: dict[str, Any] = {}
+    for t in GGUFReader(str(path)).tensors:
+        if t.name.startswith("v.blk."):
+            _, _, layer, kind, part = t.name.split(".")
+            name = f"model.vision_model.encoder.layers.{layer}.{_MMPROJ_LAYER_NAMES[kind]}.{part}"
+        else:
+            name = _MMPROJ_NAMES[t.name]
+        got[name] = torch.from_numpy(np.asarray(t.data, dtype=np.float32).reshape(tuple(want[name].shape)).copy())
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise ValueError(f"{path}: no tensors for {missing[:4]}")
+    vs.load_state_dict(got)
 
 
 def round_like_f16_file(vs: VisionSide) -> None:
@@ -824,7 +972,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steps3", type=int, default=1000, help="regress stage steps")
     p.add_argument("--lr3", type=float, default=2e-4)
     p.add_argument("--minutes3", type=float, default=10.0)
-    p.add_argument("--route-weight", type=float, default=0.5, help="weight of the attention-routing loss")
+    p.add_argument("--route-weight", type=float, default=0.0,
+                   help="weight of an attention-routing loss (head 0 of layer 3 told where a mention's tokens must "
+                   "look); tried in a 5-minute run without a clear gain, unused (0) for the shipped model")
+    p.add_argument("--pos-init", choices=["default", "sincos", "routing"], default="default",
+                   help="position embedding init of a fresh tower (default: transformers' own; routing: a start "
+                   "for the routing head, see VisionSide)")
+    p.add_argument("--group-weight", type=float, default=1.0,
+                   help="weight of the object-grouping attention loss (see grouping_target)")
+    p.add_argument("--dense-weight", type=float, default=0.5, help="weight of the per-patch colour/shape loss")
+    p.add_argument("--shape-weight", type=float, default=1.0, help="weight of the shape slots in the slot loss")
     p.add_argument("--continue-regress", action="store_true",
                    help="regress stage: start from its own saved weights (a further run of the stage)")
     p.add_argument("--regress-from-scratch", action="store_true",
@@ -867,6 +1024,20 @@ def _stage_record(work: Path, name: str) -> dict[str, Any] | None:
     return None
 
 
+def _commands(rec: dict[str, Any] | None) -> list[str]:
+    """The commands of a stage record, earlier runs (continued_from) first."""
+    if not rec:
+        return []
+    return [*_commands(rec.get("continued_from")), rec["command"]] if "command" in rec else []
+
+
+def _first_start(rec: dict[str, Any] | None) -> str:
+    """Where the first run of a continued stage started from."""
+    while rec and rec.get("continued_from"):
+        rec = rec["continued_from"]
+    return (rec or {}).get("started_from", "")
+
+
 def _latest_vision(work: Path) -> Path | None:
     for name in ("caption.pt", "regress.pt", "stage1.pt"):
         if (work / name).exists():
@@ -890,7 +1061,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [make_prompt(tok, meta["tokenizer.chat_template"], t) for t in PROMPTS]
     cfg = preprocess_config()
     config = idefics3_config()
-    vs = VisionSide(config, args.seed)
+    vs = VisionSide(config, args.seed, args.pos_init)
     kw = Keywords(tok)
     log.info("vision side: %.2f M parameters; keyword vocabulary %d; prompt prefix %d tokens, rest %d",
              sum(p.numel() for m in vs.modules() for p in m.parameters()) / 1e6, len(kw.vocab),
@@ -934,8 +1105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif not args.regress_from_scratch:
                 vs.load_state_dict(torch.load(args.work / "stage1.pt"))
             soft.load(torch.load(args.work / "prompt.pt"))
-            rec = train_vision("regress", vs, soft, kw, args, cfg, args.steps3, args.lr3, 10,
+            rec = train_vision("regress", vs, soft, kw, args, cfg, args.steps3, args.lr3,
+                               50 if args.regress_from_scratch else 10,
                                time.time() + 60 * args.minutes3)
+            rec["started_from"] = ("regress.pt" if args.continue_regress else
+                                   f"a fresh tower (--pos-init {args.pos_init})" if args.regress_from_scratch
+                                   else "stage1.pt")
             torch.save(vs.state_dict(), args.work / "regress.pt")
             if earlier is not None:
                 rec["continued_from"] = earlier
@@ -983,13 +1158,15 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
     stages = {name: _stage_record(args.work, name) for name in STAGES[:-1]}
     used = {"caption.pt": ["keywords", "prompt", "regress", "caption"], "regress.pt": ["keywords", "prompt", "regress"],
             "stage1.pt": ["keywords"]}[weights.name]
+    if weights.name != "stage1.pt" and _first_start(stages.get("regress")).startswith("a fresh tower"):
+        used.remove("keywords")
     record = {
         "model": "edgevlm demo: SigLIP-style tower + idefics3 connector on frozen SmolLM2-135M-Instruct (Q4_1)",
         "mmproj": out.name,
         "mmproj_bytes": out.stat().st_size,
         "text_model": "models/edgevlm-demo-text.gguf, written by edgevlm_ros.demo_model.ensure_demo_text_model()",
         "world": "edgevlm_ros.scenes (synthetic shapes only)",
-        "training_commands": [stages[n]["command"] for n in used if stages.get(n)],
+        "training_commands": [c for n in used for c in _commands(stages.get(n))],
         "evaluation_command": command(argv),
         "seed": args.seed,
         "training_streams": {"vision": args.seed, "prompt_and_caption": args.seed + 1, "monitor": args.seed + 2},
