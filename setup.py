@@ -42,6 +42,7 @@ setup(
     name=PACKAGE,
     version="0.1.0",
     packages=find_packages(exclude=["test"]),
+    package_data={PACKAGE: ["data/*.gguf", "data/*.json"]},  # the embedded demo mmproj and its record
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext},
     data_files=[
