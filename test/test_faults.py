@@ -265,7 +265,15 @@ def test_parameter_change_during_generation(faults: Faults) -> None:
     parameter change is no fault: one INFO line each, no ERROR; a bad value is refused with a
     WARN line and changes nothing."""
     node, peer = faults.raw, faults.peer
-    long_tokens = 200  # ~5 s of decoding here: the change lands in the middle
+    # A generation long enough for the change to land in its middle on this machine, whatever its
+    # speed: ~6 s of decoding at the rate a probe frame measured (a quiet machine decodes the small
+    # test model ~10x faster than a loaded one), within the model's context.
+    (ok,) = peer.set_parameters(node.fqn, {"max_new_tokens": 200})
+    assert ok.successful, ok.reason
+    probe = expect_described(node, make_image(exact_picture(seed=21), "rgb8", peer.now().to_msg()))
+    assert probe["stop_reason"] == "max_tokens", probe
+    ms_per_token = float(probe["decode_ms"]) / int(probe["tokens"])
+    long_tokens = max(200, min(3000, int(6000 / max(ms_per_token, 1e-3))))
     first_line = len(node.child.lines)
     (ok,) = peer.set_parameters(node.fqn, {"max_new_tokens": long_tokens})
     assert ok.successful, ok.reason
