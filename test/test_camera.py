@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +168,13 @@ def test_publisher_defaults_best_effort_and_stops_on_sigint(tmp_path: Path) -> N
         cmd = [sys.executable, "-m", "edgevlm_ros.camera", "--rate", "20"]
         with Child(cmd, ros_env(domain, tmp_path / "log"), "camera") as cam:
             cam.wait_for_line(r"^frame 3 ", timeout=60)
-            infos = peer.node.get_publishers_info_by_topic("/image")
+            # The graph can know the endpoint before the name of the node behind it: ask until it does.
+            deadline = time.monotonic() + 10
+            while True:
+                infos = peer.node.get_publishers_info_by_topic("/image")
+                if [i.node_name for i in infos] == ["edgevlm_camera"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             assert [i.qos_profile.reliability for i in infos] == [ReliabilityPolicy.BEST_EFFORT]
             assert [i.node_name for i in infos] == ["edgevlm_camera"]
             cam.signal(signal.SIGINT)
