@@ -648,7 +648,6 @@ def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, p
     t0 = time.time()
     hist: list[tuple[float, float]] = []
     step = 0
-    slots_at = torch.from_numpy(prompt.image_slots)
     for step in range(args.steps_prompt):
         if time.time() > deadline:
             log.warning("prompt: time budget reached after %d steps", step)
@@ -656,24 +655,13 @@ def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, p
         first = first_scene + step * args.batch2
         scenes = [generate_scene(args.seed + 1, i, *frame_size(args.seed + 1, i))
                   for i in range(first, first + args.batch2)]
-        tgt, inp = caption_batch(tok, scenes)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps_prompt, args.lr_prompt, 5)
-        b = len(scenes)
-        x = dec.embed(torch.tensor(prompt.rest)).unsqueeze(0).repeat(b, 1, 1)
-        x[:, slots_at] = soft(torch.tensor([kw.slots(s) for s in scenes]))
-        x = torch.cat([x, dec.embed(inp)], 1)
-        h = dec.hidden(x, dec.prefix_cache(prompt.prefix, b))
-        n_rest = len(prompt.rest)
-        logits = dec.logits(h[:, n_rest - 1 : n_rest - 1 + tgt.shape[1]])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tgt.reshape(-1), ignore_index=-100)
+        loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, soft(torch.tensor([kw.slots(s) for s in scenes])),
+                                              scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        with torch.no_grad():
-            ok = (logits.argmax(-1) == tgt) | (tgt == -100)
-            tok_acc = float(ok[tgt != -100].float().mean())
-            seq_acc = float(ok.all(-1).float().mean())
         hist.append((tok_acc, seq_acc))
         if step % 5 == 0 or step == args.steps_prompt - 1:
             log.info("prompt step %d/%d loss %.4f token-acc %.3f caption-exact(teacher forced) %.3f (%.0f s)",
@@ -684,6 +672,30 @@ def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, p
             "lr": args.lr_prompt, "seconds": round(time.time() - t0, 1),
             "final_token_accuracy_train_avg10": round(float(np.mean([a for a, _ in last])), 4) if last else None,
             "final_caption_exact_train_avg10": round(float(np.mean([q for _, q in last])), 4) if last else None}
+
+
+def caption_loss(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scenes: Sequence[Scene]
+                 ) -> tuple[Any, float, float]:
+    """Teacher-forced cross-entropy of the scenes' captions (and <|im_end|>) when the image positions
+    of the prompt hold `image` (B, 16, 576); also the token accuracy and the fraction of captions
+    with every token right."""
+    import torch
+
+    tgt, inp = caption_batch(tok, scenes)
+    b = len(scenes)
+    x = dec.embed(torch.tensor(prompt.rest)).unsqueeze(0).repeat(b, 1, 1)
+    x[:, torch.from_numpy(prompt.image_slots)] = image
+    x = torch.cat([x, dec.embed(inp)], 1)
+    h = dec.hidden(x, dec.prefix_cache(prompt.prefix, b))
+    # The answer's token j is predicted at the position before it: the last prompt token for j = 0.
+    n_rest = len(prompt.rest)
+    logits = dec.logits(h[:, n_rest - 1 : n_rest - 1 + tgt.shape[1]])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tgt.reshape(-1), ignore_index=-100)
+    with torch.no_grad():
+        ok = (logits.argmax(-1) == tgt) | (tgt == -100)
+        tok_acc = float(ok[tgt != -100].float().mean())
+        seq_acc = float(ok.all(-1).float().mean())
+    return loss, tok_acc, seq_acc
 
 
 def caption_batch(tok: Tokenizer, scenes: Sequence[Scene]) -> tuple[Any, Any]:
@@ -725,29 +737,13 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
             break
         prompt = prompts[step % len(prompts)]
         scenes, px = pool.batch(step * args.batch2, args.batch2)
-        tgt, inp = caption_batch(tok, scenes)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps2, args.lr2, 10)
-        feats = vs(px)  # (B, 16, 576)
-        b = len(scenes)
-        rest = torch.tensor(prompt.rest)
-        x = dec.embed(rest).unsqueeze(0).repeat(b, 1, 1)
-        x[:, torch.from_numpy(prompt.image_slots)] = feats
-        x = torch.cat([x, dec.embed(inp)], 1)
-        h = dec.hidden(x, dec.prefix_cache(prompt.prefix, b))
-        # The answer's token j is predicted at the position before it: the last prompt token for j = 0.
-        n_rest = len(prompt.rest)
-        h_ans = h[:, n_rest - 1 : n_rest - 1 + tgt.shape[1]]
-        logits = dec.logits(h_ans)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tgt.reshape(-1), ignore_index=-100)
+        loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, vs(px), scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
-        with torch.no_grad():
-            ok = (logits.argmax(-1) == tgt) | (tgt == -100)
-            tok_acc = float(ok[tgt != -100].float().mean())
-            seq_acc = float(ok.all(-1).float().mean())
         hist.append((tok_acc, seq_acc))
         if step % 5 == 0 or step == args.steps2 - 1:
             log.info("stage2 step %d/%d loss %.4f token-acc %.3f caption-exact(teacher forced) %.3f (%.0f s)",
