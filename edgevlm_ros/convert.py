@@ -694,6 +694,35 @@ def _safe_name(name: str) -> str:
     return cleaned
 
 
+def _open_checkpoint(hf_dir: str | Path, wtype: str) -> tuple[Path, GGMLType, int, bool, dict[str, Any]]:
+    """The checks every conversion starts with: (folder, matrix type, file type, quantized?, config)."""
+    hf = Path(hf_dir)
+    if not hf.is_dir():
+        raise ValueError(f"{hf} is not a directory")
+    if wtype not in WEIGHT_TYPES:
+        raise ValueError(f"unknown weight type {wtype!r} (choose from {', '.join(WEIGHT_TYPES)})")
+    matrix_type, file_type = WEIGHT_TYPES[wtype]
+    quantized = matrix_type not in (GGMLType.F32, GGMLType.F16)
+    config = _read_json(hf / "config.json", "model config")
+    model_type = config.get("model_type")
+    if model_type not in _MODEL_TYPES:
+        supported = ", ".join(_MODEL_TYPES)
+        raise ValueError(f"config.json: model_type {model_type!r} is not supported (supported: {supported})")
+    return hf, matrix_type, file_type, quantized, config
+
+
+def _checkpoint_params(hf: Path, config: dict[str, Any]) -> tuple[_TextParams, _VisionParams, dict[str, Any]]:
+    """Text and vision parameters and the image processor config, the tile size checked."""
+    tp = _text_params(config)
+    vp = _vision_params(config)
+    pre = _preprocessor(hf)
+    tile = _longest_edge(pre, "max_image_size")
+    if tile is not None and tile != vp.image_size:
+        raise ValueError(f"image processor tile size (max_image_size.longest_edge) {tile} differs from the "
+                         f"vision tower's image_size {vp.image_size}; not supported")
+    return tp, vp, pre
+
+
 def convert(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", *, name: str | None = None
             ) -> tuple[Path, Path]:
     """Converts a SmolVLM / Idefics3 checkpoint; returns (text GGUF path, mmproj GGUF path).
@@ -702,27 +731,9 @@ def convert(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", *, name
     `name`: general.name and the file stem; default the checkpoint folder's name.
     Everything is checked before anything is written; a ValueError says what is unsupported.
     """
-    hf = Path(hf_dir)
-    if not hf.is_dir():
-        raise ValueError(f"{hf} is not a directory")
-    if wtype not in WEIGHT_TYPES:
-        raise ValueError(f"unknown weight type {wtype!r} (choose from {', '.join(WEIGHT_TYPES)})")
-    matrix_type, file_type = WEIGHT_TYPES[wtype]
-    quantized = matrix_type not in (GGMLType.F32, GGMLType.F16)
-
-    config = _read_json(hf / "config.json", "model config")
-    model_type = config.get("model_type")
-    if model_type not in _MODEL_TYPES:
-        supported = ", ".join(_MODEL_TYPES)
-        raise ValueError(f"config.json: model_type {model_type!r} is not supported (supported: {supported})")
+    hf, matrix_type, file_type, quantized, config = _open_checkpoint(hf_dir, wtype)
     _require(config, "image_token_id", "the top level")
-    tp = _text_params(config)
-    vp = _vision_params(config)
-    pre = _preprocessor(hf)
-    tile = _longest_edge(pre, "max_image_size")
-    if tile is not None and tile != vp.image_size:
-        raise ValueError(f"image processor tile size (max_image_size.longest_edge) {tile} differs from the "
-                         f"vision tower's image_size {vp.image_size}; not supported")
+    tp, vp, pre = _checkpoint_params(hf, config)
     vocab = _read_vocab(hf, config, tp.n_vocab)
 
     st = _SafeTensors(hf)
@@ -765,25 +776,8 @@ def convert_mmproj(hf_dir: str | Path, out_path: str | Path, wtype: str = "f16",
     `text_config` (the connector's output width is checked against it) and the image processor
     config; text tensors, when present, are ignored. Same tensor formats and checks as convert().
     """
-    hf = Path(hf_dir)
-    if not hf.is_dir():
-        raise ValueError(f"{hf} is not a directory")
-    if wtype not in WEIGHT_TYPES:
-        raise ValueError(f"unknown weight type {wtype!r} (choose from {', '.join(WEIGHT_TYPES)})")
-    matrix_type, file_type = WEIGHT_TYPES[wtype]
-    quantized = matrix_type not in (GGMLType.F32, GGMLType.F16)
-    config = _read_json(hf / "config.json", "model config")
-    if config.get("model_type") not in _MODEL_TYPES:
-        supported = ", ".join(_MODEL_TYPES)
-        raise ValueError(f"config.json: model_type {config.get('model_type')!r} is not supported "
-                         f"(supported: {supported})")
-    tp = _text_params(config)
-    vp = _vision_params(config)
-    pre = _preprocessor(hf)
-    tile = _longest_edge(pre, "max_image_size")
-    if tile is not None and tile != vp.image_size:
-        raise ValueError(f"image processor tile size (max_image_size.longest_edge) {tile} differs from the "
-                         f"vision tower's image_size {vp.image_size}; not supported")
+    hf, matrix_type, file_type, quantized, config = _open_checkpoint(hf_dir, wtype)
+    tp, vp, pre = _checkpoint_params(hf, config)
     st = _SafeTensors(hf)
     plan = _vision_plan(st, vp, tp.n_embd, matrix_type)
     known = {p.hf_name for p in plan}
