@@ -68,8 +68,9 @@ from .node_params import PARAMS, NodeParams, ParamError, apply_changes, validate
 
 STAGES = ("preprocess", "vision", "prefill", "decode", "total")
 HEARTBEAT_S = 1.0
-# A worker still describing after this long at shutdown is abandoned: the process exits without
-# waiting for the engine (Ctrl-C must end the node within a second, even mid-generation).
+# Stopping cancels a generation in progress at its next token; a worker still inside the engine
+# after this long (the vision encoder cannot be interrupted) is abandoned: the process exits
+# without waiting for it (Ctrl-C must end the node within a second, even mid-generation).
 STOP_GRACE_S = 0.5
 # The same error on consecutive frames is logged at most this often (a broken camera at 30 Hz
 # must not bury the log), with a count of the repeats.
@@ -300,6 +301,8 @@ class EdgeVlmNode(Node):
         """Stops the worker; False when it is still inside the engine after `timeout` seconds."""
         self._stop.set()
         self._slot.close()
+        if self._vlm is not None:
+            self._vlm.cancel()  # a generation in progress ends at its next token
         if self._worker is None:
             return True
         self._worker.join(timeout)

@@ -98,6 +98,11 @@ class VisionLanguageModel:
             return list(self.prefix.token_ids), rest
         return tok.encode(before, add_bos=False), rest
 
+    def cancel(self) -> None:
+        """From any thread: a describe() in progress stops before its next decoded token (stop_reason
+        "cancelled"), and so does every later one. For shutdown; the vision encoder is not interrupted."""
+        self.text.native.cancel()
+
     def describe(self, rgb: np.ndarray, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 64,
                  deadline_ms: float | None = None) -> GenerationResult:
         """Greedy description of one RGB uint8 image (H, W, 3)."""

@@ -418,6 +418,10 @@ PYBIND11_MODULE(_engine, m) {
             return d;
         }, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::arg("max_ms") = 0.0,
            "Greedy decoding after appending prompt to the cache; the stop token is not returned.")
+        .def("cancel", [](LlamaModel& mdl, bool on) { mdl.cancel(on); }, py::arg("on") = true,
+             py::call_guard<py::gil_scoped_release>(),
+             "From any thread: generate() stops before its next token with stop_reason 'cancelled' "
+             "(sticky until cancel(False)).")
         .def("embed", [](const LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
             ids = as_ids(ids);
             const int64_t n = ids.shape(0), d = mdl.config().n_embd;

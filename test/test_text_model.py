@@ -67,6 +67,34 @@ def test_deadline_stops_decoding(engine: Any) -> None:
     assert len(r.token_ids) < 200
 
 
+def test_cancel_from_another_thread_stops_generation(engine: Any) -> None:
+    """cancel() is the node's shutdown path: a generation in progress (GIL released) ends at its
+    next token with "cancelled", later ones end at once, and cancel(False) re-arms the model."""
+    import threading
+    import time
+
+    ids = np.asarray(engine.encode_prompt("Tell me a long story about a robot."), dtype=np.int32)
+    native = engine.native
+    result: dict[str, Any] = {}
+    native.reset()
+    worker = threading.Thread(target=lambda: result.update(native.generate(ids, 100000, [])))
+    worker.start()
+    time.sleep(0.3)
+    assert worker.is_alive()  # still decoding: 100000 tokens do not fit in 0.3 s
+    try:
+        native.cancel()
+        worker.join(5)
+        assert not worker.is_alive()
+        assert result["stop_reason"] == "cancelled" and 0 < len(result["tokens"]) < 100000
+        native.reset()
+        again = native.generate(ids, 50, [])
+        assert again["stop_reason"] == "cancelled" and len(again["tokens"]) == 1
+    finally:
+        native.cancel(False)
+    native.reset()
+    assert native.generate(ids, 3, [])["stop_reason"] == "max_tokens"
+
+
 def test_raw_prompt_has_no_template(engine: Any) -> None:
     ids = engine.encode_prompt("Once upon a time", raw=True)
     assert ids == engine.tokenizer.encode("Once upon a time")

@@ -226,6 +226,10 @@ void LlamaModel::generate(const int32_t* prompt, int64_t n_prompt, int64_t max_n
         }
         out.tokens.push_back(next);
         if (i + 1 == max_new) break;  // the budget is spent: no need to run the last token
+        if (cancelled()) {
+            out.stop_reason = "cancelled";
+            break;
+        }
         if (max_ms > 0 && ms_since(t0) >= max_ms) {
             out.stop_reason = "deadline";
             break;

@@ -2,6 +2,7 @@
 // the paper, one named call on named buffers per step; buffers are allocated once at load, the
 // weights are views into the mapped GGUF, and decoding a token allocates nothing.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -32,7 +33,7 @@ struct KVSnapshot {
 
 struct GenerateResult {
     std::vector<int32_t> tokens;  // generated ids, the stop token excluded
-    std::string stop_reason;      // "stop_token", "max_tokens", "deadline", "context_full"
+    std::string stop_reason;      // "stop_token", "max_tokens", "deadline", "context_full", "cancelled"
     double prefill_ms = 0, decode_ms = 0;
     int64_t n_prompt = 0;
 };
@@ -60,6 +61,11 @@ public:
     // max_ms <= 0 means no deadline; it bounds the whole call, prefill included.
     void generate(const int32_t* prompt, int64_t n_prompt, int64_t max_new, const std::vector<int32_t>& stop_ids,
                   double max_ms, GenerateResult& out);
+
+    // Thread-safe, from any thread: a generate() running now or later stops before its next token
+    // with "cancelled" (for shutdown: a node stopping mid-answer). Sticky until cancel(false).
+    void cancel(bool on = true) { cancel_.store(on, std::memory_order_relaxed); }
+    bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
 
     KVSnapshot snapshot() const;
     void restore(const KVSnapshot& s);
@@ -92,6 +98,7 @@ private:
     std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_, logits_, scores_;
     std::vector<float> k_cache_, v_cache_;
     int64_t n_past_ = 0;
+    std::atomic<bool> cancel_{false};
 };
 
 }  // namespace evn
