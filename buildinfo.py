@@ -20,8 +20,8 @@ def sources(kernels_only: bool = False) -> list[str]:
 
 
 def headers() -> list[str]:
-    return sorted(glob.glob("native/**/*.h", root_dir=ROOT, recursive=True) +
-                  glob.glob("kernels/**/*.h", root_dir=ROOT, recursive=True))
+    return sorted(p for d in ("native", "kernels") for ext in ("h", "inc")
+                  for p in glob.glob(f"{d}/**/*.{ext}", root_dir=ROOT, recursive=True))
 
 
 def default_optable() -> str:

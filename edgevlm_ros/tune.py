@@ -124,15 +124,18 @@ def _time_round_robin(fns: dict[str, Callable[[], object]], repeats: int) -> dic
     """Best (minimum) seconds per call of each function: one warm-up call each, then `repeats`
     rounds in which every function runs once, so all share the machine's noise. The minimum, not
     the median: on a shared machine a sample is only ever slowed down by others, never sped up,
-    and the question is which variant is fastest here, not how busy the machine was."""
+    and the question is which variant is fastest here, not how busy the machine was. A function
+    that returns a float has timed itself (e.g. the product without packing its weights): that
+    float is the sample."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t0)
+            timed = fn()
+            elapsed = time.perf_counter() - t0
+            samples[name].append(timed if isinstance(timed, float) else elapsed)
     return {name: float(min(v)) for name, v in samples.items()}
 
 
@@ -196,14 +199,6 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
         layer_shapes, head, what = model_shapes(cfg.model)
     measures: list[Measure] = []
     log = cfg.log
-    # What one kernel_matmul call costs beyond the product (argument checks, starting the
-    # call's thread pool): timed on a 1 x 32 product and subtracted from every measure.
-    tiny_w = np.zeros(32, dtype=np.float32).view(np.uint8)
-    tiny_x = np.zeros((1, 32), dtype=np.float32)
-    overhead = _time_round_robin(
-        {"call": lambda: _engine.kernel_matmul("ref", "F32", tiny_w, 1, 32, tiny_x, cfg.threads)},
-        max(cfg.repeats, 5) * 4)["call"]
-    log(f"  per-call overhead (subtracted): {overhead * 1e6:.1f} us")
     for fmt in cfg.formats:
         cands = matmul_candidates(fmt)
         if not cands:
@@ -225,13 +220,14 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
                     stacked = min(rows, max(cap, 1))
                 w = random_weight(fmt, stacked, k, rng)
                 x = rng.normal(0.0, 1.0, (m, k)).astype(np.float32)
+                # Each sample is one product as the engine runs it (pool started, weights packed
+                # into the variant's layout beforehand): the call's own set-up is not timed.
                 fns: dict[str, Callable[[], object]] = {
                     name: (lambda name=name, fmt=fmt, w=w, x=x, stacked=stacked, k=k:
-                           _engine.kernel_matmul(name, fmt, w, stacked, k, x, cfg.threads))
+                           _engine.kernel_matmul_seconds(name, fmt, w, stacked, k, x, cfg.threads, 1))
                     for name in cands
                 }
-                reps = cfg.repeats
-                secs = {n: max(t - overhead, 1e-9) for n, t in _time_round_robin(fns, reps).items()}
+                secs = {n: max(t, 1e-9) for n, t in _time_round_robin(fns, cfg.repeats).items()}
                 mm = Measure(fmt, phase, rows, k, m, stacked, secs, is_head)
                 measures.append(mm)
                 log("  " + _describe(mm))

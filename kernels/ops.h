@@ -11,9 +11,12 @@
 
 namespace evk {
 
+// How a weight's bytes are laid out: the file's rows, or packed (kernels/matmul/packed_x8.h).
+enum class WLayout : uint8_t { kRows = 0, kX8 = 1 };
+
 // y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m).
-// W rows are k elements of wtype, w_row_bytes apart. scratch holds at least kMatmulScratchRows * k
-// floats, private to the calling thread.
+// W rows are k elements of wtype, w_row_bytes apart (w_layout kRows), or the whole weight packed
+// in w_layout. scratch holds at least kMatmulScratchRows * k floats, private to the calling thread.
 struct MatmulArgs {
     const void* w;
     DType wtype;
@@ -26,9 +29,11 @@ struct MatmulArgs {
     int64_t y_stride;  // floats between tokens of y
     int64_t m;
     float* scratch;
+    WLayout w_layout = WLayout::kRows;
 };
 using MatmulFn = void (*)(const MatmulArgs&);
-constexpr int64_t kMatmulScratchRows = 4;
+// 4 rows of a panel + 1 for a row unpacked from a packed layout to the file's bytes.
+constexpr int64_t kMatmulScratchRows = 5;
 
 // Causal attention of one query row against cached keys/values of one kv head.
 // out[d] = sum_j softmax_j(scale * q.k_j) v_j for j in [0, n_kv); scores holds n_kv floats.
@@ -78,7 +83,7 @@ struct OpTable {
 
 // CPU features the table is chosen from.
 struct CpuFeatures {
-    bool avx2 = false, fma = false, f16c = false, avx512f = false;
+    bool avx2 = false, fma = false, f16c = false, avx512f = false, avxvnni = false;
     bool neon = false, dotprod = false, i8mm = false;
 };
 CpuFeatures detect_cpu_features();
@@ -87,7 +92,26 @@ CpuFeatures detect_cpu_features();
 const OpTable& reference_ops();
 const OpTable& best_ops();
 
-struct MatmulChoice { MatmulFn fn; const char* name; };
+// A matmul variant may read its weights in a layout of its own, made once at load (the file stays
+// untouched): bytes(type, rows, k) of packed data written by pack(); the kernel then receives the
+// packed buffer as MatmulArgs::w (w_row_bytes is the file's row size, for reference) and must
+// accept any [row0, row1). nullptr packing: the kernel reads the file's rows in place.
+struct MatmulPacking {
+    const char* name;  // e.g. "x8", for logs
+    WLayout layout;
+    size_t (*bytes)(DType t, int64_t rows, int64_t k);
+    void (*pack)(DType t, const void* src, size_t src_row_bytes, int64_t rows, int64_t k, void* dst);
+};
+
+// also_reads: a variant that reads the file's rows but, given MatmulArgs::w_layout, also that
+// packed layout (the prefill GEMM dequantizing x8 rows): a weight packed for decode then serves
+// prefill from the same copy, and its rows in the file need not stay in memory.
+struct MatmulChoice {
+    MatmulFn fn;
+    const char* name;
+    const MatmulPacking* packing = nullptr;
+    WLayout also_reads = WLayout::kRows;
+};
 struct AttentionChoice { AttentionFn fn; const char* name; };
 // The variant the active operator table picks (the first matching rule that runs on this CPU).
 MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k);
@@ -100,9 +124,10 @@ std::string choose(const std::string& op);
 void load_optable(const std::string& text, const std::string& source);
 std::string optable_source();
 
-struct VariantInfo { std::string op, name; std::vector<std::string> formats; bool available; };
+struct VariantInfo { std::string op, name; std::vector<std::string> formats; bool available; std::string layout; };
 std::vector<VariantInfo> list_variants();
 MatmulFn matmul_variant(const std::string& name);     // nullptr if unknown or not runnable here
+MatmulChoice matmul_choice(const std::string& name);  // fn nullptr if unknown or not runnable here
 AttentionFn attention_variant(const std::string& name);
 SoftmaxFn softmax_variant(const std::string& name);
 GeluFn gelu_tanh_variant(const std::string& name);

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "matmul/packed_x8.h"
 #include "ops.h"
 
 #ifndef EVK_DEFAULT_OPTABLE
@@ -26,11 +27,14 @@ void add_ref(float*, const float*, int64_t);
 #if defined(__aarch64__)
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
+void matmul_neon_q8act_dot_x8(const MatmulArgs&);
 #endif
 #if defined(__x86_64__)
 void matmul_avx2(const MatmulArgs&);
 void matmul_avx2_gemm(const MatmulArgs&);
 void matmul_avx2_q8act(const MatmulArgs&);
+void matmul_avx2_q8act_x8(const MatmulArgs&);
+void matmul_avxvnni_q8act_x8(const MatmulArgs&);
 void attention_avx2(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
 void gelu_tanh_avx2(float*, int64_t);
@@ -44,6 +48,7 @@ CpuFeatures detect_cpu_features() {
     f.avx2 = __builtin_cpu_supports("avx2");
     f.fma = __builtin_cpu_supports("fma");
     f.avx512f = __builtin_cpu_supports("avx512f");
+    f.avxvnni = __builtin_cpu_supports("avxvnni");
     f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C; GCC 12 cannot query it by name
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory in armv8-a
@@ -73,11 +78,15 @@ struct Kernel {
     Kernel(SiluMulFn f) : op("silu_mul"), silu_mul(f) {}
 };
 
+const MatmulPacking kPackX8{"x8", WLayout::kX8, x8_packed_bytes, x8_pack};
+
 struct Variant {
     const char* name;
     Kernel fn;
     std::vector<DType> formats;  // matmul only (a vector: an initializer_list would dangle)
     const char* needs;                      // features, as in the table
+    const MatmulPacking* packing = nullptr;  // matmul only: the weight layout it reads, if not the file's
+    WLayout also_reads = WLayout::kRows;     // matmul only: a packed layout it reads besides the rows
     const char* op() const { return fn.op; }
 };
 
@@ -91,11 +100,15 @@ const std::vector<Variant>& registry() {
 #if defined(__aarch64__)
         {"neon_f32act", matmul_neon_f32act, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
         {"neon_q8act_dot", matmul_neon_q8act_dot, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
+        {"neon_q8act_dot_x8", matmul_neon_q8act_dot_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
 #endif
 #if defined(__x86_64__)
         {"avx2_f32act", matmul_avx2, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {"avx2_gemm", matmul_avx2_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
+        {"avx2_gemm", matmul_avx2_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c",
+         nullptr, WLayout::kX8},
         {"avx2_q8act", matmul_avx2_q8act, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
+        {"avx2_q8act_x8", matmul_avx2_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
+        {"avxvnni_q8act_x8", matmul_avxvnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
         {"avx2", attention_avx2, {}, "avx2,fma,f16c"},
         {"avx2", softmax_avx2, {}, "avx2,fma,f16c"},
         {"avx2", gelu_tanh_avx2, {}, "avx2,fma,f16c"},
@@ -117,7 +130,7 @@ bool has_features(const CpuFeatures& f, const std::string& list) {
     std::string item;
     while (std::getline(ss, item, ',')) {
         const bool ok = item == "avx2" ? f.avx2 : item == "fma" ? f.fma : item == "f16c" ? f.f16c
-                      : item == "avx512f" ? f.avx512f : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
+                      : item == "avx512f" ? f.avx512f : item == "avxvnni" ? f.avxvnni : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
                       : item == "i8mm" ? f.i8mm : false;
         if (!ok) return false;
     }
@@ -249,7 +262,7 @@ MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k) {
             (r.phase != "*" && r.phase != phase_name) || !shape_matches(r.shape, rows, k) || !has_features(f, r.features))
             continue;
         const Variant* v = find_variant("matmul", r.variant);
-        if (v && supports(*v, t) && has_features(f, v->needs)) return {v->fn.matmul, v->name};
+        if (v && supports(*v, t) && has_features(f, v->needs)) return {v->fn.matmul, v->name, v->packing, v->also_reads};
     }
     return {matmul_ref, "ref"};
 }
@@ -282,7 +295,7 @@ std::vector<VariantInfo> list_variants() {
     const CpuFeatures f = detect_cpu_features();
     std::vector<VariantInfo> out;
     for (const Variant& v : registry()) {
-        VariantInfo i{v.op(), v.name, {}, has_features(f, v.needs)};
+        VariantInfo i{v.op(), v.name, {}, has_features(f, v.needs), v.packing ? v.packing->name : ""};
         for (DType d : v.formats) i.formats.push_back(type_traits(d)->name);
         out.push_back(i);
     }
@@ -292,6 +305,11 @@ std::vector<VariantInfo> list_variants() {
 MatmulFn matmul_variant(const std::string& name) {
     const Variant* v = runnable("matmul", name);
     return v ? v->fn.matmul : nullptr;
+}
+
+MatmulChoice matmul_choice(const std::string& name) {
+    const Variant* v = runnable("matmul", name);
+    return v ? MatmulChoice{v->fn.matmul, v->name, v->packing, v->also_reads} : MatmulChoice{nullptr, "", nullptr};
 }
 
 AttentionFn attention_variant(const std::string& name) {

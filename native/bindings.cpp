@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #ifndef EVK_DEFAULT_OPTABLE
@@ -119,18 +121,23 @@ PYBIND11_MODULE(_engine, m) {
     m.def("cpu_features", [] {
         const evk::CpuFeatures f = evk::detect_cpu_features();
         py::dict d;
-        d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f;
+        d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f; d["avxvnni"] = f.avxvnni;
         d["neon"] = f.neon; d["dotprod"] = f.dotprod; d["i8mm"] = f.i8mm;
         return d;
     });
 
 
-    // Kernel-level entry points for the tests: one operator of a named table on numpy inputs.
     // Kernel-level entry points for tests and `edgevlm tune`: one matmul by a named variant
     // ('ref', 'best' = what the operator table picks for this shape and m, or any variant name).
-    m.def("kernel_matmul", [](const std::string& variant, const std::string& wtype,
-                              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w, int64_t rows, int64_t cols,
-                              py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads) {
+    // The weight of a kernel-level product: checked, with the named variant ('best': the table's
+    // choice) set for both phases and packed into its layout if it has one.
+    struct KernelCase {
+        Weight w;
+        int64_t m;
+    };
+    auto kernel_case = [](const std::string& variant, const std::string& wtype,
+                          const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& w, int64_t rows,
+                          int64_t cols, const py::array_t<float, py::array::c_style | py::array::forcecast>& x, int threads) {
         const evk::DType t = dtype_named(wtype);
         const evk::TypeTraits* tt = evk::type_traits(t);
         if (!tt->computable) throw py::value_error("no matmul kernel for " + wtype);
@@ -141,25 +148,57 @@ PYBIND11_MODULE(_engine, m) {
         if (threads < 1 || threads > 64) throw py::value_error("threads must be in 1..64");
         Weight wt = make_weight(t, w.data(), rows, cols);
         if (variant != "best") {
-            const evk::MatmulFn fn = evk::matmul_variant(variant);
+            const evk::MatmulChoice choice = evk::matmul_choice(variant);
             bool ok = false;
             for (const evk::VariantInfo& v : evk::list_variants())
                 if (v.op == "matmul" && v.name == variant)
                     for (const std::string& f : v.formats) ok = ok || f == wtype;
-            if (!fn || !ok) throw py::value_error("matmul variant '" + variant + "' does not run " + wtype + " here");
-            wt.decode = wt.prefill = {fn, ""};
+            if (!choice.fn || !ok) throw py::value_error("matmul variant '" + variant + "' does not run " + wtype + " here");
+            wt.decode = wt.prefill = {nullptr, ""};
+            set_kernel(wt, evk::kDecode, choice);
+            set_kernel(wt, evk::kPrefill, choice);
         }
-        const int64_t mm = x.shape(0);
-        py::array_t<float> y({mm, rows});
+        return KernelCase{std::move(wt), x.shape(0)};
+    };
+    m.def("kernel_matmul", [kernel_case](const std::string& variant, const std::string& wtype,
+                                         py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w, int64_t rows,
+                                         int64_t cols, py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                                         int threads) {
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads);
+        py::array_t<float> y({kc.m, rows});
         float* yp = y.mutable_data();
         const float* xp = x.data();
         {
             py::gil_scoped_release nogil;
             Compute c(threads, cols);
-            c.matmul(wt, xp, cols, mm, yp, rows, Compute::phase_for(mm));
+            c.matmul(kc.w, xp, cols, kc.m, yp, rows, Compute::phase_for(kc.m));
         }
         return y;
     }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1);
+    m.def("kernel_matmul_seconds", [kernel_case](const std::string& variant, const std::string& wtype,
+                                                 py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w,
+                                                 int64_t rows, int64_t cols,
+                                                 py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                                                 int threads, int repeat) {
+        if (repeat < 1 || repeat > 100000) throw py::value_error("repeat must be in 1..100000");
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads);
+        std::vector<float> y(static_cast<size_t>(kc.m * rows));
+        const float* xp = x.data();
+        double best = 1e30;
+        {
+            py::gil_scoped_release nogil;
+            Compute c(threads, cols);
+            c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, Compute::phase_for(kc.m));  // warm-up
+            for (int i = 0; i < repeat; ++i) {
+                const auto t0 = std::chrono::steady_clock::now();
+                c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, Compute::phase_for(kc.m));
+                best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            }
+        }
+        return best;
+    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
+       py::arg("threads") = 1, py::arg("repeat") = 1,
+       "Best wall seconds of one product over `repeat` (after one warm-up), packing and set-up excluded.");
 
     m.def("load_optable", [](const std::string& text, const std::string& source) {
         try {
@@ -175,6 +214,7 @@ PYBIND11_MODULE(_engine, m) {
         for (const evk::VariantInfo& v : evk::list_variants()) {
             py::dict d;
             d["op"] = v.op; d["name"] = v.name; d["formats"] = v.formats; d["available"] = v.available;
+            d["layout"] = v.layout.empty() ? "rows" : v.layout;  // the weight layout it reads
             l.append(d);
         }
         return l;

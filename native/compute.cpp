@@ -1,6 +1,9 @@
 #include "compute.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
 namespace evn {
 
@@ -29,9 +32,38 @@ Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols
     w.rows = rows;
     w.cols = cols;
     w.row_bytes = evk::row_bytes(type, cols);
-    w.decode = evk::choose_matmul(type, evk::kDecode, rows, cols);
-    w.prefill = evk::choose_matmul(type, evk::kPrefill, rows, cols);
+    set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols));
+    set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols));
     return w;
+}
+
+void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice) {
+    if (choice.packing) {
+        const evk::MatmulPacking& p = *choice.packing;
+        if (!w.packed || w.packed_layout != p.layout) {
+            const evk::MatmulChoice& other = phase == evk::kDecode ? w.prefill : w.decode;
+            if (w.packed && other.packing)
+                throw std::invalid_argument(std::string("weight already packed as '") + w.packed_name + "', not '" + p.name + "'");
+            const size_t n = p.bytes(w.type, w.rows, w.cols);
+            if (n == 0) throw std::invalid_argument(std::string("no '") + p.name + "' layout for this weight");
+            // 64-byte aligned: a group's vectors never straddle a cache line more than they must.
+            void* mem = std::aligned_alloc(64, (n + 63) / 64 * 64);
+            if (!mem) throw std::bad_alloc();
+            std::shared_ptr<uint8_t> buf(static_cast<uint8_t*>(mem), std::free);
+            p.pack(w.type, w.data, w.row_bytes, w.rows, w.cols, buf.get());
+            w.packed = std::move(buf);
+            w.packed_layout = p.layout;
+            w.packed_name = p.name;
+            w.packed_bytes = n;
+        }
+    }
+    (phase == evk::kDecode ? w.decode : w.prefill) = choice;
+    if (w.packed && !w.decode.packing && !w.prefill.packing) {  // nothing needs the copy any more
+        w.packed.reset();
+        w.packed_layout = evk::WLayout::kRows;
+        w.packed_name = "";
+        w.packed_bytes = 0;
+    }
 }
 
 std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64_t n) {
@@ -59,10 +91,13 @@ void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t 
     // Tokens in blocks of kTokenBlock, so the activations a chunk streams stay in L2.
     constexpr int64_t kTokenBlock = 64;
     const int64_t tok_blocks = (m + kTokenBlock - 1) / kTokenBlock;
+    const bool packed = w.reads_packed(phase == evk::kDecode ? w.decode : w.prefill);
+    const void* data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
+    const evk::WLayout layout = packed ? w.packed_layout : evk::WLayout::kRows;
     auto body = [&](int64_t chunk, int t) {
         const int64_t rc = chunk % row_chunks, tb = chunk / row_chunks;
         evk::MatmulArgs a{};
-        a.w = w.data;
+        a.w = data;
         a.wtype = w.type;
         a.w_row_bytes = w.row_bytes;
         a.k = w.cols;
@@ -74,6 +109,7 @@ void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t 
         a.y_stride = y_stride;
         a.m = std::min(kTokenBlock, m - tb * kTokenBlock);
         a.scratch = scratch(t);
+        a.w_layout = layout;
         fn(a);
     };
     pool_.run(row_chunks * tok_blocks, body);

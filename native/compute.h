@@ -14,16 +14,34 @@ namespace evn {
 
 // A 2-D weight viewed in place in the mapped file: `rows` rows of `cols` elements.
 // The kernels that serve it are chosen once, at load, from the operator table.
+// A kernel that reads a layout of its own (MatmulChoice::packing) gets `packed`, made once when the
+// kernel is set; copies of a Weight share it (the tied output head and the token embeddings). A
+// kernel of the other phase that can read that layout too (MatmulChoice::also_reads) uses it as
+// well; then nothing reads the rows in the file any more (rows_unused()).
 struct Weight {
     evk::DType type = evk::DType::F32;
     const void* data = nullptr;
     int64_t rows = 0, cols = 0;
     size_t row_bytes = 0;
     evk::MatmulChoice decode{nullptr, ""}, prefill{nullptr, ""};
+    std::shared_ptr<const uint8_t> packed;
+    evk::WLayout packed_layout = evk::WLayout::kRows;
+    const char* packed_name = "";
+    size_t packed_bytes = 0;
+
+    bool reads_packed(const evk::MatmulChoice& c) const {
+        return packed && (c.packing ? c.packing->layout == packed_layout : c.also_reads == packed_layout);
+    }
+    // Both phases read the packed copy: the file's rows are needed for nothing but embedding lookups.
+    bool rows_unused() const { return packed && reads_packed(decode) && reads_packed(prefill); }
 };
 
 // A Weight view of raw memory, with its kernels chosen from the operator table.
 Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols);
+// Sets the kernel of one phase (e.g. a named variant, for tests and tuning), packing the weight
+// into the kernel's layout if it has one. std::invalid_argument when the layout differs from the
+// one the other phase already packed, or the shape has no such layout.
+void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice);
 
 // Looks up a 2-D tensor of the expected shape (cols = ne[0]) and a type with kernels.
 Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows);

@@ -63,6 +63,8 @@ public:
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
     size_t file_size() const { return file_->size(); }
+    // See MappedFile::release: for tensor data a model has copied into a layout of its own.
+    void release(const void* p, size_t n) const { file_->release(p, n); }
     const std::vector<std::pair<std::string, GValue>>& metadata() const { return kv_; }
     const std::vector<TensorInfo>& tensors() const { return tensors_; }
 

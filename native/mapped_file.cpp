@@ -32,6 +32,15 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     ::close(fd);  // the mapping keeps the file alive
 }
 
+void MappedFile::release(const void* p, size_t n) const {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if (!data_ || a < lo || a > hi || n > hi - a) return;
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (a + page - 1) / page * page, last = (a + n) / page * page;
+    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

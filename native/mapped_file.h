@@ -16,6 +16,10 @@ public:
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
+    // Drops the whole pages inside [p, p + n) from this process's memory (they stay in the page
+    // cache, and a later read maps them again): for data copied elsewhere at load. Ranges outside
+    // the mapping are ignored.
+    void release(const void* p, size_t n) const;
 
 private:
     std::string path_;

@@ -37,7 +37,7 @@ DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the varian
 
 # Every matmul variant, by how it treats activations. A new variant must be added to one of these.
 FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm"}
-INT8_ACT_VARIANTS = {"avx2_q8act"}
+INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8"}
 
 
 def matmul_variants(wtype: str) -> list[str]:

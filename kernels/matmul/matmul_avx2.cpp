@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include "../ops.h"
+#include "packed_x8.h"
 
 #define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -190,8 +191,15 @@ EV_AVX2 void matmul_avx2_gemm(const MatmulArgs& a) {
             reinterpret_cast<uintptr_t>(base) % alignof(float) == 0) {
             panel = reinterpret_cast<const float*>(base + static_cast<size_t>(r) * a.w_row_bytes);
         } else {
-            for (int64_t i = 0; i < nr; ++i)
-                dequantize_row_avx2(a.wtype, base + static_cast<size_t>(r + i) * a.w_row_bytes, a.scratch + i * a.k, a.k);
+            for (int64_t i = 0; i < nr; ++i) {
+                const void* row = base + static_cast<size_t>(r + i) * a.w_row_bytes;
+                if (a.w_layout == WLayout::kX8) {  // the decode kernels' packed copy: unpack the row first
+                    void* tmp = a.scratch + 4 * a.k;
+                    x8_unpack_row(a.wtype, a.w, a.k, r + i, tmp);
+                    row = tmp;
+                }
+                dequantize_row_avx2(a.wtype, row, a.scratch + i * a.k, a.k);
+            }
             panel = a.scratch;
         }
         int64_t t = 0;

@@ -1,14 +1,17 @@
 // Arm NEON kernels. matmul_neon_f32act: weight rows expanded to float (reference dequantizer),
 // then 4-accumulator FMA dots (any M). matmul_neon_q8act: decode with int8 activations, the
 // integer dot product of FEAT_DotProd (sdot: four int8 products summed into each int32 lane),
-// one float FMA per block, as the AVX2 maddubs kernel does on x86. Built for baseline armv8-a;
+// one float FMA per block, as the AVX2 maddubs kernel does on x86; matmul_neon_q8act_dot_x8, the
+// same on weights packed 8 rows interleaved (packed_x8.h). Built for baseline armv8-a;
 // the dotprod function carries its own target and is picked only when HWCAP reports it.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "../ops.h"
+#include "packed_x8.h"
 
 namespace evk {
 
@@ -95,6 +98,65 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) float row_dot(DType t, const u
     return acc + offs;
 }
 
+// One group of 8 rows in the x8 layout (packed_x8.h) against one token: in each 32-byte vector,
+// bytes 0..15 are rows 0..3 and bytes 16..31 rows 4..7, 4 elements per row; the activations'
+// matching 4-byte group is one 32-bit lane of qs[0..15] or qs[16..31], so sdot by lane leaves
+// each row's sum in its own lane and one float FMA per block serves 4 rows.
+#define EV_X8_DOT(P0, P1, A, B, Y, L)            \
+    P0 = vdotq_laneq_s32(P0, A, Y, L);           \
+    P1 = vdotq_laneq_s32(P1, B, Y, L)
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const uint8_t* g, const BlockQ8A* y, int64_t nb,
+                                                                float* out) {
+    const size_t bb = x8_block_bytes(t), scales = t == DType::Q4_1 ? 32 : 16;
+    const uint8x16_t low = vdupq_n_u8(0x0f);
+    float32x4_t acc0 = vdupq_n_f32(0.f), acc1 = vdupq_n_f32(0.f);
+    for (int64_t b = 0; b < nb; ++b, g += bb) {
+        const uint8_t* v = g + scales;
+        const int8x16_t y0 = vld1q_s8(y[b].qs), y1 = vld1q_s8(y[b].qs + 16);
+        int32x4_t p0 = vdupq_n_s32(0), p1 = vdupq_n_s32(0);  // rows 0..3, rows 4..7
+        if (t == DType::Q8_0) {
+            auto w = [v](int j, int half) { return vld1q_s8(reinterpret_cast<const int8_t*>(v + 32 * j + 16 * half)); };
+            EV_X8_DOT(p0, p1, w(0, 0), w(0, 1), y0, 0);
+            EV_X8_DOT(p0, p1, w(1, 0), w(1, 1), y0, 1);
+            EV_X8_DOT(p0, p1, w(2, 0), w(2, 1), y0, 2);
+            EV_X8_DOT(p0, p1, w(3, 0), w(3, 1), y0, 3);
+            EV_X8_DOT(p0, p1, w(4, 0), w(4, 1), y1, 0);
+            EV_X8_DOT(p0, p1, w(5, 0), w(5, 1), y1, 1);
+            EV_X8_DOT(p0, p1, w(6, 0), w(6, 1), y1, 2);
+            EV_X8_DOT(p0, p1, w(7, 0), w(7, 1), y1, 3);
+        } else {
+            // Nibbles 0..15 are valid signed bytes: sdot takes them as they are.
+            auto lo = [v, low](int j, int half) { return vreinterpretq_s8_u8(vandq_u8(vld1q_u8(v + 32 * j + 16 * half), low)); };
+            auto hi = [v](int j, int half) { return vreinterpretq_s8_u8(vshrq_n_u8(vld1q_u8(v + 32 * j + 16 * half), 4)); };
+            EV_X8_DOT(p0, p1, lo(0, 0), lo(0, 1), y0, 0);
+            EV_X8_DOT(p0, p1, hi(0, 0), hi(0, 1), y1, 0);
+            EV_X8_DOT(p0, p1, lo(1, 0), lo(1, 1), y0, 1);
+            EV_X8_DOT(p0, p1, hi(1, 0), hi(1, 1), y1, 1);
+            EV_X8_DOT(p0, p1, lo(2, 0), lo(2, 1), y0, 2);
+            EV_X8_DOT(p0, p1, hi(2, 0), hi(2, 1), y1, 2);
+            EV_X8_DOT(p0, p1, lo(3, 0), lo(3, 1), y0, 3);
+            EV_X8_DOT(p0, p1, hi(3, 0), hi(3, 1), y1, 3);
+        }
+        const float32x4_t d0 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g))));
+        const float32x4_t d1 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 8))));
+        float32x4_t f0 = vmulq_n_f32(vcvtq_f32_s32(p0), y[b].d), f1 = vmulq_n_f32(vcvtq_f32_s32(p1), y[b].d);
+        if (t == DType::Q4_0) {  // w = d (n - 8): d * (dx * sum n q - 8 dx sum q)
+            f0 = vsubq_f32(f0, vdupq_n_f32(8.f * y[b].s));
+            f1 = vsubq_f32(f1, vdupq_n_f32(8.f * y[b].s));
+        }
+        acc0 = vfmaq_f32(acc0, d0, f0);
+        acc1 = vfmaq_f32(acc1, d1, f1);
+        if (t == DType::Q4_1) {
+            acc0 = vfmaq_n_f32(acc0, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 16)))), y[b].s);
+            acc1 = vfmaq_n_f32(acc1, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 24)))), y[b].s);
+        }
+    }
+    vst1q_f32(out, acc0);
+    vst1q_f32(out + 4, acc1);
+}
+#undef EV_X8_DOT
+
 }  // namespace
 
 void matmul_neon_f32act(const MatmulArgs& a) {
@@ -113,6 +175,25 @@ void matmul_neon_q8act_dot(const MatmulArgs& a) {
         quantize_act(a.x + t * a.x_stride, a.k, yq);
         for (int64_t r = a.row0; r < a.row1; ++r)
             a.y[t * a.y_stride + r] = row_dot(a.wtype, base + static_cast<size_t>(r) * a.w_row_bytes, yq, nb);
+    }
+}
+
+// a.w is the x8-packed weight (packed_x8.h).
+__attribute__((target("arch=armv8.2-a+dotprod"))) void matmul_neon_q8act_dot_x8(const MatmulArgs& a) {
+    BlockQ8A* yq = reinterpret_cast<BlockQ8A*>(a.scratch);
+    const int64_t nb = a.k / kQK;
+    const size_t group_bytes = static_cast<size_t>(nb) * x8_block_bytes(a.wtype);
+    const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    const int64_t g0 = a.row0 / kPackRows, g1 = (a.row1 + kPackRows - 1) / kPackRows;
+    for (int64_t t = 0; t < a.m; ++t) {
+        quantize_act(a.x + t * a.x_stride, a.k, yq);
+        float* y = a.y + t * a.y_stride;
+        for (int64_t g = g0; g < g1; ++g) {
+            float out[kPackRows];
+            x8_group(a.wtype, base + static_cast<size_t>(g) * group_bytes, yq, nb, out);
+            const int64_t r0 = std::max(a.row0, g * kPackRows), r1 = std::min(a.row1, (g + 1) * kPackRows);
+            for (int64_t r = r0; r < r1; ++r) y[r] = out[r - g * kPackRows];
+        }
     }
 }
 

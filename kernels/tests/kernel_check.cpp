@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../matmul/packed_x8.h"
 #include "../ops.h"
 
 using namespace evk;
@@ -75,7 +76,7 @@ int main() {
     std::mt19937 rng(1234);
     std::normal_distribution<float> nd(0.f, 1.f);
     const CpuFeatures f = detect_cpu_features();
-    std::printf("cpu: avx2=%d fma=%d neon=%d dotprod=%d i8mm=%d\n", f.avx2, f.fma, f.neon, f.dotprod, f.i8mm);
+    std::printf("cpu: avx2=%d fma=%d avxvnni=%d neon=%d dotprod=%d i8mm=%d\n", f.avx2, f.fma, f.avxvnni, f.neon, f.dotprod, f.i8mm);
     const int64_t rows_set[] = {1, 3, 17, 64};
     const int64_t k_set[] = {32, 96, 160, 576};
     const int64_t m_set[] = {1, 2, 5, 13};
@@ -85,7 +86,8 @@ int main() {
             continue;
         }
         if (v.op != "matmul") continue;
-        const MatmulFn fn = matmul_variant(v.name);
+        const MatmulChoice choice = matmul_choice(v.name);
+        const MatmulFn fn = choice.fn;
         const bool int8 = v.name.find("q8act") != std::string::npos;
         for (const std::string& fmt : v.formats) {
             DType t = DType::F32;
@@ -102,6 +104,13 @@ int main() {
                         std::vector<float> scratch(static_cast<size_t>(kMatmulScratchRows * k));
                         MatmulArgs a{w.data(), t, row_bytes(t, k), k, 0, rows, x.data(), k, y_ref.data(), rows, m, scratch.data()};
                         matmul_ref(a);
+                        // A variant with a layout of its own reads the weights packed into it.
+                        std::vector<uint8_t> packed;
+                        if (choice.packing) {
+                            packed.resize(choice.packing->bytes(t, rows, k));
+                            choice.packing->pack(t, w.data(), row_bytes(t, k), rows, k, packed.data());
+                            a.w = packed.data();
+                        }
                         // Run the variant over two row ranges, as the thread pool would.
                         const int64_t split = rows / 2;
                         a.y = y.data();
@@ -110,6 +119,24 @@ int main() {
                         a.row0 = split;
                         a.row1 = rows;
                         fn(a);
+                        // A row-reading variant that also reads the x8 layout must give the same bits from it.
+                        if (choice.also_reads == WLayout::kX8 && x8_packed_bytes(t, rows, k) > 0) {
+                            std::vector<uint8_t> x8(x8_packed_bytes(t, rows, k));
+                            x8_pack(t, w.data(), row_bytes(t, k), rows, k, x8.data());
+                            std::vector<float> y8(y.size());
+                            MatmulArgs b = a;
+                            b.w = x8.data();
+                            b.w_layout = WLayout::kX8;
+                            b.y = y8.data();
+                            b.row0 = 0;
+                            b.row1 = split;
+                            if (split > 0) fn(b);
+                            b.row0 = split;
+                            b.row1 = rows;
+                            fn(b);
+                            check(std::memcmp(y8.data(), y.data(), y.size() * sizeof(float)) == 0,
+                                  "matmul/" + v.name + "/" + fmt + " on x8-packed weights differs from the rows");
+                        }
                         std::vector<float> wrow(static_cast<size_t>(k));
                         for (int64_t tok = 0; tok < m; ++tok)
                             for (int64_t r = 0; r < rows; ++r) {

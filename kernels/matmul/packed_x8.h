@@ -1,0 +1,35 @@
+// The "x8" weight layout of the packed decode kernels: rows interleaved in groups of 8, so that
+// one 32-byte vector holds 4 consecutive elements of each of 8 rows and an integer dot product
+// over 4-byte lanes (maddubs + madd, VNNI dpbusd, NEON sdot) leaves one row's sum in each lane:
+// no horizontal sums per block, and one float FMA per block serves 8 rows.
+//
+// Per group of 8 rows (the last group padded with zero rows), per block b of 32 columns:
+//   d[8]   uint16  fp16 scales of rows 0..7                      (Q4_0, Q4_1, Q8_0)
+//   m[8]   uint16  fp16 offsets                                   (Q4_1 only)
+//   Q4_0/Q4_1: 4 vectors of 32 bytes; vector j, byte 4r + i: low nibble = element 4j + i of row
+//              r (unsigned, 0..15), high nibble = element 16 + 4j + i.
+//   Q8_0:      8 vectors of 32 bytes; vector j, byte 4r + i = element 4j + i of row r (int8).
+// A block takes 8 x the bytes of the file's block: the packed copy is the same size as the rows.
+// The weight is packed once, at load; the file stays untouched.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "../formats/formats.h"
+
+namespace evk {
+
+constexpr int64_t kPackRows = 8;
+
+// Bytes of one block of one group; 0 for a format the layout does not have.
+size_t x8_block_bytes(DType t);
+// Bytes of the whole packed weight (rows rounded up to groups), or 0 when t has no x8 layout or
+// k is not a whole number of blocks.
+size_t x8_packed_bytes(DType t, int64_t rows, int64_t k);
+// Packs rows of the file's layout (src_row_bytes apart) into dst (x8_packed_bytes(t, rows, k)).
+void x8_pack(DType t, const void* src, size_t src_row_bytes, int64_t rows, int64_t k, void* dst);
+// The inverse for one row: writes row `row` of a packed weight back in the file's layout
+// (row_bytes(t, k) bytes), so any row-reading kernel can use the packed copy.
+void x8_unpack_row(DType t, const void* packed, int64_t k, int64_t row, void* dst);
+
+}  // namespace evk
