@@ -84,35 +84,62 @@ Compute::Compute(int n_threads, int64_t max_k)
 
 void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                      evk::Phase phase) {
-    const evk::MatmulFn fn = phase == evk::kDecode ? w.decode.fn : w.prefill.fn;
-    // Chunks of rows: enough of them that a descheduled thread's share is picked up by another.
-    const int64_t rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
-    const int64_t row_chunks = (w.rows + rows_per_chunk - 1) / rows_per_chunk;
+    const MatmulJob job{&w, y, y_stride};
+    matmul_batch(&job, 1, x, x_stride, m, phase);
+}
+
+void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, int64_t x_stride, int64_t m,
+                           evk::Phase phase) {
+    if (n_jobs < 1 || n_jobs > kMaxJobs) throw std::invalid_argument("matmul_batch: 1 to 4 products");
     // Tokens in blocks of kTokenBlock, so the activations a chunk streams stay in L2.
     constexpr int64_t kTokenBlock = 64;
     const int64_t tok_blocks = (m + kTokenBlock - 1) / kTokenBlock;
-    const bool packed = w.reads_packed(phase == evk::kDecode ? w.decode : w.prefill);
-    const void* data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
-    const evk::WLayout layout = packed ? w.packed_layout : evk::WLayout::kRows;
+    struct Plan {
+        evk::MatmulFn fn;
+        const void* data;
+        evk::WLayout layout;
+        int64_t rows_per_chunk, row_chunks, first_chunk;
+    };
+    Plan plans[kMaxJobs];
+    int64_t n_chunks = 0;
+    for (int i = 0; i < n_jobs; ++i) {
+        const Weight& w = *jobs[i].w;
+        const evk::MatmulChoice& c = phase == evk::kDecode ? w.decode : w.prefill;
+        const bool packed = w.reads_packed(c);
+        Plan& p = plans[i];
+        p.fn = c.fn;
+        p.data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
+        p.layout = packed ? w.packed_layout : evk::WLayout::kRows;
+        // Chunks of rows (multiples of 16, so packed groups of 8 are never split): enough of them
+        // that a descheduled thread's share is picked up by another.
+        p.rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
+        p.row_chunks = (w.rows + p.rows_per_chunk - 1) / p.rows_per_chunk;
+        p.first_chunk = n_chunks;
+        n_chunks += p.row_chunks * tok_blocks;
+    }
     auto body = [&](int64_t chunk, int t) {
-        const int64_t rc = chunk % row_chunks, tb = chunk / row_chunks;
+        int i = n_jobs - 1;
+        while (chunk < plans[i].first_chunk) --i;
+        const Plan& p = plans[i];
+        const Weight& w = *jobs[i].w;
+        const int64_t local = chunk - p.first_chunk, rc = local % p.row_chunks, tb = local / p.row_chunks;
         evk::MatmulArgs a{};
-        a.w = data;
+        a.w = p.data;
         a.wtype = w.type;
         a.w_row_bytes = w.row_bytes;
         a.k = w.cols;
-        a.row0 = rc * rows_per_chunk;
-        a.row1 = std::min(w.rows, a.row0 + rows_per_chunk);
+        a.row0 = rc * p.rows_per_chunk;
+        a.row1 = std::min(w.rows, a.row0 + p.rows_per_chunk);
         a.x = x + tb * kTokenBlock * x_stride;
         a.x_stride = x_stride;
-        a.y = y + tb * kTokenBlock * y_stride;
-        a.y_stride = y_stride;
+        a.y = jobs[i].y + tb * kTokenBlock * jobs[i].y_stride;
+        a.y_stride = jobs[i].y_stride;
         a.m = std::min(kTokenBlock, m - tb * kTokenBlock);
         a.scratch = scratch(t);
-        a.w_layout = layout;
-        fn(a);
+        a.w_layout = p.layout;
+        p.fn(a);
     };
-    pool_.run(row_chunks * tok_blocks, body);
+    pool_.run(n_chunks, body);
 }
 
 }  // namespace evn

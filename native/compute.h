@@ -64,6 +64,17 @@ public:
     void matmul(const Weight& w, const float* x, int64_t m, float* y, evk::Phase phase) {
         matmul(w, x, w.cols, m, y, w.rows, phase);
     }
+    // Several products of the same input in one parallel region (one hand-over to the workers
+    // instead of one per product): Q, K and V, or gate and up. Each output is computed exactly as
+    // matmul() computes it. All weights must have x's width as their cols.
+    struct MatmulJob {
+        const Weight* w;
+        float* y;
+        int64_t y_stride;  // floats between tokens of y (usually w->rows)
+    };
+    static constexpr int kMaxJobs = 4;
+    void matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, int64_t x_stride, int64_t m, evk::Phase phase);
+
     static evk::Phase phase_for(int64_t n_tokens) { return n_tokens <= evk::kDecodeMaxTokens ? evk::kDecode : evk::kPrefill; }
 
     // Scratch of kMatmulScratchRows * max_k floats reserved for thread t.

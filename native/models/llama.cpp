@@ -158,9 +158,8 @@ void LlamaModel::forward_chunk(int64_t n, float* logits, bool all_logits, evk::P
         const Layer& L = layers_[static_cast<size_t>(l)];
         // attention block: x += Wo · attn(rope(Wq·norm(x)), rope(Wk·norm(x)), Wv·norm(x))
         for (int64_t t = 0; t < n; ++t) op.rmsnorm(&x_[t * d], L.attn_norm.data(), &xb_[t * d], d, cfg_.rms_eps);
-        compute_.matmul(L.wq, xb_.data(), n, q_.data(), ph);
-        compute_.matmul(L.wk, xb_.data(), n, k_.data(), ph);
-        compute_.matmul(L.wv, xb_.data(), n, v_.data(), ph);
+        const Compute::MatmulJob qkv[3] = {{&L.wq, q_.data(), qd}, {&L.wk, k_.data(), kvd}, {&L.wv, v_.data(), kvd}};
+        compute_.matmul_batch(qkv, 3, xb_.data(), d, n, ph);
         for (int64_t t = 0; t < n; ++t) {
             const float pos = static_cast<float>(pos0 + t) / cfg_.rope_scale;
             op.rope(&q_[t * qd], cfg_.n_head, hd, cfg_.rope_dims, pos, cfg_.rope_base, false);
@@ -173,8 +172,8 @@ void LlamaModel::forward_chunk(int64_t n, float* logits, bool all_logits, evk::P
         op.add(x_.data(), xb2_.data(), n * d);
         // feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
         for (int64_t t = 0; t < n; ++t) op.rmsnorm(&x_[t * d], L.ffn_norm.data(), &xb_[t * d], d, cfg_.rms_eps);
-        compute_.matmul(L.w_gate, xb_.data(), n, hb_.data(), ph);
-        compute_.matmul(L.w_up, xb_.data(), n, hb2_.data(), ph);
+        const Compute::MatmulJob gate_up[2] = {{&L.w_gate, hb_.data(), ff}, {&L.w_up, hb2_.data(), ff}};
+        compute_.matmul_batch(gate_up, 2, xb_.data(), d, n, ph);
         op.silu_mul(hb_.data(), hb2_.data(), n * ff);
         compute_.matmul(L.w_down, hb_.data(), n, xb2_.data(), ph);
         op.add(x_.data(), xb2_.data(), n * d);
