@@ -55,15 +55,6 @@ VLM_ARGS = {"text_layers": 2, "vision_layers": 2, "seed": 0, "image_size": 256}
 
 
 # -- the model pair ----------------------------------------------------------------------------
-def require_vlm() -> None:
-    try:
-        import edgevlm_ros.vlm  # noqa: F401
-    except ModuleNotFoundError as exc:
-        if exc.name == "edgevlm_ros.vlm":
-            pytest.skip("edgevlm_ros.vlm (the vision-language engine) is not there yet")
-        raise
-
-
 # Pairs whose lock this process holds (shared) until the end of the test session.
 _HELD_PAIRS: dict[Path, tuple[Path, Path]] = {}
 
@@ -76,20 +67,14 @@ def vlm_pair_fixture() -> Iterator[tuple[Path, Path]]:
     converter never serves stale files. EDGEVLM_TEST_VLM_PAIR=text.gguf:mmproj.gguf runs the
     tests on a given pair instead (a real SmolVLM, say).
     """
-    require_vlm()
     given = os.environ.get("EDGEVLM_TEST_VLM_PAIR")
     if given:
         text, _, mmproj = given.partition(":")
         yield Path(text), Path(mmproj)
         return
-    try:
-        import hf_fixtures
+    import hf_fixtures
 
-        from edgevlm_ros import convert as convert_module
-    except ModuleNotFoundError as exc:
-        if exc.name in ("hf_fixtures", "edgevlm_ros.convert"):
-            pytest.skip(f"{exc.name} (the random SmolVLM builder / converter) is not there yet")
-        raise
+    from edgevlm_ros import convert as convert_module
     digest = hashlib.sha256(json.dumps(VLM_ARGS, sort_keys=True).encode())
     for module in (hf_fixtures, convert_module):
         digest.update(Path(module.__file__).read_bytes())

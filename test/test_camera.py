@@ -119,7 +119,6 @@ def test_bad_source_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_publisher_over_dds(tmp_path: Path) -> None:
-    pytest.importorskip("rclpy")
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from ros_helpers import Child, RosPeer, random_domain_id, ros_env
     from sensor_msgs.msg import Image
@@ -158,7 +157,6 @@ def test_publisher_over_dds(tmp_path: Path) -> None:
 
 
 def test_publisher_defaults_best_effort_and_stops_on_sigint(tmp_path: Path) -> None:
-    pytest.importorskip("rclpy")
     from rclpy.qos import ReliabilityPolicy
     from ros_helpers import Child, RosPeer, random_domain_id, ros_env
 

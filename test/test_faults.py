@@ -42,7 +42,6 @@ from ros_helpers import (  # noqa: F401 - vlm_pair_fixture provides the vlm_pair
     make_compressed,
     make_image,
     random_domain_id,
-    require_vlm,
     ros_env,
     run_launch_file,
     vlm_pair_fixture,
@@ -535,7 +534,6 @@ def test_deadline_bounds_the_time_of_a_long_generation(faults: Faults) -> None:
 ], ids=["max_new_tokens_above_context", "bad_test_hook"])
 def test_refused_at_start_with_one_line(vlm_pair: tuple[Path, Path], tmp_path: Path, params: dict[str, Any],
                                         env: dict[str, str], message: str) -> None:
-    require_vlm()
     args = {"model": str(vlm_pair[0]), "mmproj": str(vlm_pair[1]), "threads": "2", "log_level": "warn",
             "params_file": str(write_params_file(tmp_path / "params.yaml", params))}
     (launched,) = run_launch_file(args, tmp_path)

@@ -42,8 +42,7 @@ Meta = dict[str, Any]
 @pytest.fixture(scope="module")
 def meta() -> Meta:
     """GGUF metadata as plain Python values (str, int, bool, lists), keyed as in the file."""
-    # TODO(native): switch to edgevlm_ros._engine reader
-    gguf = pytest.importorskip("gguf")
+    import gguf
     reader = gguf.GGUFReader(GGUF_PATH)
     # "GGUF.*" entries are the reader's header fields, not metadata keys.
     return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
@@ -57,7 +56,7 @@ def tok(meta: Meta) -> Tokenizer:
 @pytest.fixture(scope="module")
 def hf() -> Any:
     """transformers' tokenizer converted from the same GGUF (loaded once: ~5 s)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     return transformers.AutoTokenizer.from_pretrained(MODELS, gguf_file=GGUF_NAME)
 
 
