@@ -36,7 +36,7 @@ REL_TOL = 1e-5  # of sum |w||x|
 DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the variant chosen for this m gives
 
 # Every matmul variant, by how it treats activations. A new variant must be added to one of these.
-FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm"}
+FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
 INT8_ACT_VARIANTS = {"avx2_q8act"}
 
 
