@@ -1,7 +1,7 @@
 // AVX-512 matrix product for many tokens (prompt prefill, the vision tower): weight rows are the
 // vector lanes. Notes and measurements: docs/kernels/prefill-gemm-avx512.md.
 //
-// For each panel of up to 48 weight rows and each block of up to kKc elements of k, the rows are
+// For each panel of up to 48 weight rows and each block of up to kKc (192) elements of k, the rows are
 // expanded to float and transposed (16 x 16 in registers) into an L1 panel laid out k-major:
 // panel[kk][0..48) holds element k0 + kk of the 48 rows. A register tile of 3 x 16 rows times 8
 // tokens (24 zmm accumulators) then streams the panel: per element of k, 3 panel loads and 8
@@ -13,7 +13,7 @@
 //
 // Compiled for the baseline ISA; only these functions carry the AVX-512 target, and the operator
 // table calls them only on CPUs that report AVX-512 F/BW/VL. No allocation: the panel is on the
-// stack (24 KiB); the MatmulArgs scratch is not needed.
+// stack (36 KiB); the MatmulArgs scratch is not needed.
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics initialise their unused operand as `__m512 __Y = __Y;`, which
 // -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
@@ -35,7 +35,10 @@ namespace {
 constexpr int kVecs = 3;               // row vectors per panel (16 rows each)
 constexpr int kPanelRows = 16 * kVecs;  // 48
 constexpr int kTok = 8;                // tokens per register tile
-constexpr int64_t kKc = 128;           // elements of k per panel block: 48 x 128 floats = 24 KiB
+#ifndef EVK_AVX512_KC
+#define EVK_AVX512_KC 192
+#endif
+constexpr int64_t kKc = EVK_AVX512_KC;           // elements of k per panel block: 48 x 192 floats = 36 KiB
 
 EV_AVX512 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -45,9 +48,10 @@ EV_AVX512 inline __mmask16 tail_mask(int64_t n) {  // the first min(n, 16) lanes
 
 // 16 elements [e, e + 16) of one weight row as floats; lanes at or past k are 0. For the block
 // formats e is a multiple of 16 and k of 32 (a whole block's half is always present).
-EV_AVX512 inline __m512 load16(DType t, const uint8_t* row, int64_t e, int64_t k) {
+template <DType T>
+EV_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, int64_t k) {
     const __mmask16 m = tail_mask(k - e);
-    switch (t) {
+    switch (T) {
     case DType::F32:
         return _mm512_maskz_loadu_ps(m, row + 4 * e);
     case DType::F16:
@@ -116,20 +120,38 @@ EV_AVX512 inline void transpose16(__m512 r[16]) {
 // Expands rows [r0, r0 + nrows) x elements [k0, k0 + kc) into panel[kk * stride + row], stride =
 // 16 * ceil(nrows / 16); rows past nrows are 0. Elements past kc (up to the next 16) are written
 // too (0 past k) but never read.
-EV_AVX512 void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
+template <DType T>
+EV_AVX512 void pack_panel_t(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
     const uint8_t* base = static_cast<const uint8_t*>(a.w);
     const int nv = (nrows + 15) / 16;
     const int stride = 16 * nv;
     for (int v = 0; v < nv; ++v) {
-        const uint8_t* rows[16];
+        const uint8_t* row0 = base + static_cast<size_t>(r0 + 16 * v) * a.w_row_bytes;
+        const size_t rb = a.w_row_bytes;
         const int n = nrows - 16 * v < 16 ? nrows - 16 * v : 16;
-        for (int i = 0; i < n; ++i) rows[i] = base + static_cast<size_t>(r0 + 16 * v + i) * a.w_row_bytes;
         for (int64_t kk = 0; kk < kc; kk += 16) {
             __m512 c[16];
-            for (int i = 0; i < 16; ++i) c[i] = i < n ? load16(a.wtype, rows[i], k0 + kk, a.k) : _mm512_setzero_ps();
+            if (n == 16) {
+                for (int i = 0; i < 16; ++i) c[i] = load16<T>(row0 + i * rb, k0 + kk, a.k);
+            } else {
+                for (int i = 0; i < 16; ++i) c[i] = i < n ? load16<T>(row0 + i * rb, k0 + kk, a.k) : _mm512_setzero_ps();
+            }
             transpose16(c);
-            for (int j = 0; j < 16; ++j) _mm512_store_ps(panel + (kk + j) * stride + 16 * v, c[j]);
+            float* dst = panel + kk * stride + 16 * v;
+            for (int j = 0; j < 16; ++j) _mm512_store_ps(dst + j * stride, c[j]);
         }
+    }
+}
+
+EV_AVX512 void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
+    switch (a.wtype) {
+    case DType::F32: return pack_panel_t<DType::F32>(a, r0, nrows, k0, kc, panel);
+    case DType::F16: return pack_panel_t<DType::F16>(a, r0, nrows, k0, kc, panel);
+    case DType::BF16: return pack_panel_t<DType::BF16>(a, r0, nrows, k0, kc, panel);
+    case DType::Q4_0: return pack_panel_t<DType::Q4_0>(a, r0, nrows, k0, kc, panel);
+    case DType::Q4_1: return pack_panel_t<DType::Q4_1>(a, r0, nrows, k0, kc, panel);
+    case DType::Q8_0: return pack_panel_t<DType::Q8_0>(a, r0, nrows, k0, kc, panel);
+    default: return;  // not registered for other formats
     }
 }
 
