@@ -16,8 +16,9 @@
 // stack (36 KiB); the MatmulArgs scratch is not needed.
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics initialise their unused operand as `__m512 __Y = __Y;`, which
-// -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
+// -W(maybe-)uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
