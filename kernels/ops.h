@@ -83,7 +83,8 @@ struct OpTable {
 
 // CPU features the table is chosen from.
 struct CpuFeatures {
-    bool avx2 = false, fma = false, f16c = false, avx512f = false, avxvnni = false;
+    bool avx2 = false, fma = false, f16c = false, avx512f = false, avx512bw = false, avx512vl = false;
+    bool avxvnni = false;
     bool neon = false, dotprod = false, i8mm = false;
 };
 CpuFeatures detect_cpu_features();

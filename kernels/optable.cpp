@@ -35,6 +35,7 @@ void matmul_avx2_gemm(const MatmulArgs&);
 void matmul_avx2_q8act(const MatmulArgs&);
 void matmul_avx2_q8act_x8(const MatmulArgs&);
 void matmul_avxvnni_q8act_x8(const MatmulArgs&);
+void matmul_avx512_gemm(const MatmulArgs&);
 void attention_avx2(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
 void gelu_tanh_avx2(float*, int64_t);
@@ -49,6 +50,8 @@ CpuFeatures detect_cpu_features() {
     f.fma = __builtin_cpu_supports("fma");
     f.avx512f = __builtin_cpu_supports("avx512f");
     f.avxvnni = __builtin_cpu_supports("avxvnni");
+    f.avx512bw = __builtin_cpu_supports("avx512bw");
+    f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C; GCC 12 cannot query it by name
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory in armv8-a
@@ -106,6 +109,8 @@ const std::vector<Variant>& registry() {
         {"avx2_f32act", matmul_avx2, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {"avx2_gemm", matmul_avx2_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c",
          nullptr, WLayout::kX8},
+        {"avx512_gemm", matmul_avx512_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx512f,avx512bw,avx512vl,fma,f16c",
+         nullptr, WLayout::kX8},
         {"avx2_q8act", matmul_avx2_q8act, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {"avx2_q8act_x8", matmul_avx2_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
         {"avxvnni_q8act_x8", matmul_avxvnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
@@ -130,7 +135,8 @@ bool has_features(const CpuFeatures& f, const std::string& list) {
     std::string item;
     while (std::getline(ss, item, ',')) {
         const bool ok = item == "avx2" ? f.avx2 : item == "fma" ? f.fma : item == "f16c" ? f.f16c
-                      : item == "avx512f" ? f.avx512f : item == "avxvnni" ? f.avxvnni : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
+                      : item == "avx512f" ? f.avx512f : item == "avx512bw" ? f.avx512bw
+                      : item == "avx512vl" ? f.avx512vl : item == "avxvnni" ? f.avxvnni : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
                       : item == "i8mm" ? f.i8mm : false;
         if (!ok) return false;
     }

@@ -121,7 +121,8 @@ PYBIND11_MODULE(_engine, m) {
     m.def("cpu_features", [] {
         const evk::CpuFeatures f = evk::detect_cpu_features();
         py::dict d;
-        d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f; d["avxvnni"] = f.avxvnni;
+        d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f;
+        d["avx512bw"] = f.avx512bw; d["avx512vl"] = f.avx512vl; d["avxvnni"] = f.avxvnni;
         d["neon"] = f.neon; d["dotprod"] = f.dotprod; d["i8mm"] = f.i8mm;
         return d;
     });

@@ -36,7 +36,7 @@ REL_TOL = 1e-5  # of sum |w||x|
 DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the variant chosen for this m gives
 
 # Every matmul variant, by how it treats activations. A new variant must be added to one of these.
-FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm"}
+FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
 INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8"}
 
 
@@ -294,6 +294,37 @@ def test_matmul_zero_weights_and_inputs(wtype: str) -> None:
         for variant in ["ref", "best"] + matmul_variants(wtype):
             assert not np.any(_engine.kernel_matmul(variant, wtype, raw, rows, cols, x)), variant
             assert not np.any(_engine.kernel_matmul(variant, wtype, raw_w, rows, cols, np.zeros_like(x))), variant
+
+
+@pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
+def test_avx512_gemm_panels_k_blocks_and_token_pieces(wtype: str) -> None:
+    """avx512_gemm works in panels of 48 rows (3 x 16 lanes) and k blocks of 192: the cases above
+    (<= 129 rows, so 16-row chunks, and k <= 576 = 3 whole blocks) do not reach a full panel or a
+    partial last k block. Here rows = 1000 (chunks of 128 = 48 + 48 + 32, the last one 104 =
+    48 + 48 + 8), k with a tail block (193, 200 for floats; 416 = 2 x 192 + 32 for blocks), weights
+    at a misaligned address, m past one 8-token tile. Each output is one FMA chain over k, so a
+    token's result must not depend on the other tokens in the call or the thread count."""
+    if "avx512_gemm" not in matmul_variants(wtype):
+        pytest.skip("avx512_gemm does not run on this CPU (needs AVX-512 F/BW/VL)")
+    rows = 1000
+    for cols in ((193, 200) if wtype in FLOAT_TYPES else (416,)):
+        raw, wd = weights(wtype, rows, cols)
+        buf = np.zeros(raw.size + 64, np.uint8)
+        base = (-buf.ctypes.data) % 64 + 3  # 3 bytes past a 64-byte boundary
+        shifted = buf[base:base + raw.size]
+        shifted[:] = raw
+        for m in (4, 9, 64):
+            x = activations(m, cols)
+            magnitude = np.abs(x.astype(np.float64)) @ np.abs(wd.astype(np.float64)).T
+            ref = _engine.kernel_matmul("ref", wtype, raw, rows, cols, x)
+            got = {}
+            for threads in (1, 2, 3):
+                y = _engine.kernel_matmul("avx512_gemm", wtype, shifted, rows, cols, x, threads=threads)
+                check_close(y, ref, REL_TOL * magnitude, f"avx512_gemm {wtype} rows={rows} cols={cols} m={m}")
+                got[threads] = y
+            assert same_bits(got[1], got[2]) and same_bits(got[1], got[3]), (wtype, cols, m)
+            piece = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x[m - 3:], threads=2)
+            assert same_bits(piece, got[1][m - 3:]), (wtype, cols, m)
 
 
 def test_matmul_argument_checks() -> None:

@@ -1,0 +1,256 @@
+// AVX-512 matrix product for many tokens (prompt prefill, the vision tower): weight rows are the
+// vector lanes. Notes and measurements: docs/kernels/prefill-gemm-avx512.md.
+//
+// For each panel of up to 48 weight rows and each block of up to kKc (192) elements of k, the rows are
+// expanded to float and transposed (16 x 16 in registers) into an L1 panel laid out k-major:
+// panel[kk][0..48) holds element k0 + kk of the 48 rows. A register tile of 3 x 16 rows times 8
+// tokens (24 zmm accumulators) then streams the panel: per element of k, 3 panel loads and 8
+// broadcast activations feed 24 FMAs. Partial sums live in y between k blocks.
+//
+// Every output y[t][r] is one sequential chain of fused multiply-adds over k = 0, 1, ..., k-1,
+// whatever tile, row range, token count or thread computed it: results do not depend on how the
+// runtime splits the work (bit-identical across thread counts and prompt pieces).
+//
+// Compiled for the baseline ISA; only these functions carry the AVX-512 target, and the operator
+// table calls them only on CPUs that report AVX-512 F/BW/VL. No allocation: the panel is on the
+// stack (36 KiB); the MatmulArgs scratch is not needed.
+#if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics initialise their unused operand as `__m512 __Y = __Y;`, which
+// -W(maybe-)uninitialized reports wherever they are inlined (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstddef>
+#include <cstring>
+
+#include "../ops.h"
+#include "packed_x8.h"
+
+#define EV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+namespace evk {
+
+namespace {
+
+constexpr int kVecs = 3;               // row vectors per panel (16 rows each)
+constexpr int kPanelRows = 16 * kVecs;  // 48
+constexpr int kTok = 8;                // tokens per register tile
+#ifndef EVK_AVX512_KC
+#define EVK_AVX512_KC 192
+#endif
+constexpr int64_t kKc = EVK_AVX512_KC;           // elements of k per panel block: 48 x 192 floats = 36 KiB
+
+EV_AVX512 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+EV_AVX512 inline __mmask16 tail_mask(int64_t n) {  // the first min(n, 16) lanes
+    return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// 16 elements [e, e + 16) of one weight row as floats; lanes at or past k are 0. For the block
+// formats e is a multiple of 16 and k of 32 (a whole block's half is always present).
+template <DType T>
+EV_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, int64_t k) {
+    const __mmask16 m = tail_mask(k - e);
+    switch (T) {
+    case DType::F32:
+        return _mm512_maskz_loadu_ps(m, row + 4 * e);
+    case DType::F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * e));
+    case DType::BF16: {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, row + 2 * e));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    }
+    case DType::Q4_0: {
+        const uint8_t* blk = row + (e / kQK) * sizeof(BlockQ4_0);
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ4_0, qs)));
+        const __m128i q = (e & 16) ? _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))
+                                   : _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+        const __m512 d = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_0, d))));
+        const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+        return _mm512_mul_ps(_mm512_sub_ps(qf, _mm512_set1_ps(8.f)), d);
+    }
+    case DType::Q4_1: {
+        const uint8_t* blk = row + (e / kQK) * sizeof(BlockQ4_1);
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ4_1, qs)));
+        const __m128i q = (e & 16) ? _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))
+                                   : _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+        const __m512 d = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_1, d))));
+        const __m512 mn = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_1, m))));
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), d, mn);
+    }
+    case DType::Q8_0: {
+        const uint8_t* blk = row + (e / kQK) * sizeof(BlockQ8_0);
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ8_0, qs) + (e & 16)));
+        const __m512 d = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ8_0, d))));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    }
+    default:
+        return _mm512_setzero_ps();  // not registered for other formats
+    }
+}
+
+// The same 16 elements of row `row` of a weight packed in the x8 layout (packed_x8.h): the block's
+// 16 quant bytes (Q8_0: of this half) are 4 dwords, one per 32-byte vector, put back in the file's
+// order, then expanded exactly as load16 does (the same values, bit for bit).
+template <DType T>
+EV_AVX512 inline __m512 load16_x8(const uint8_t* packed, int64_t row, int64_t e, int64_t k) {
+    const int64_t nb = k / kQK, r = row % kPackRows, b = e / kQK;
+    const uint8_t* blk = packed + static_cast<size_t>((row / kPackRows) * nb + b) * x8_block_bytes(T);
+    const float d = half_to_float(load_u16(blk + 2 * r));
+    auto dword = [&](size_t off) {
+        int32_t v;
+        std::memcpy(&v, blk + off, 4);
+        return v;
+    };
+    if constexpr (T == DType::Q8_0) {
+        const size_t v0 = 16 + 32 * ((e & 16) / 4) + 4 * r;
+        const __m128i q = _mm_setr_epi32(dword(v0), dword(v0 + 32), dword(v0 + 64), dword(v0 + 96));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(d));
+    } else {
+        const size_t v0 = (T == DType::Q4_1 ? 32 : 16) + 4 * r;
+        const __m128i raw = _mm_setr_epi32(dword(v0), dword(v0 + 32), dword(v0 + 64), dword(v0 + 96));
+        const __m128i q = (e & 16) ? _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))
+                                   : _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+        const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+        if constexpr (T == DType::Q4_0) return _mm512_mul_ps(_mm512_sub_ps(qf, _mm512_set1_ps(8.f)), _mm512_set1_ps(d));
+        return _mm512_fmadd_ps(qf, _mm512_set1_ps(d), _mm512_set1_ps(half_to_float(load_u16(blk + 16 + 2 * r))));
+    }
+}
+
+// In place: r[j] (16 floats each) becomes column j of the 16 x 16 matrix whose rows were r[0..16).
+EV_AVX512 inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {  // within 128-bit lanes: (a0 b0 a1 b1), (a2 b2 a3 b3)
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    __m512 u[16];
+    for (int i = 0; i < 16; i += 4) {  // u[i + j], lane L: element 4L + j of rows i..i+3
+        const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for (int j = 0; j < 4; ++j) {  // a 4 x 4 transpose of 128-bit lanes
+        const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xee);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xee);
+        r[j] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        r[j + 4] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+        r[j + 8] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        r[j + 12] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+    }
+}
+
+// Expands rows [r0, r0 + nrows) x elements [k0, k0 + kc) into panel[kk * stride + row], stride =
+// 16 * ceil(nrows / 16); rows past nrows are 0. Elements past kc (up to the next 16) are written
+// too (0 past k) but never read.
+template <DType T>
+EV_AVX512 void pack_panel_t(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
+    const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    const int nv = (nrows + 15) / 16;
+    const int stride = 16 * nv;
+    for (int v = 0; v < nv; ++v) {
+        const uint8_t* row0 = base + static_cast<size_t>(r0 + 16 * v) * a.w_row_bytes;
+        const size_t rb = a.w_row_bytes;
+        const int n = nrows - 16 * v < 16 ? nrows - 16 * v : 16;
+        for (int64_t kk = 0; kk < kc; kk += 16) {
+            __m512 c[16];
+            if constexpr (T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0) {
+                if (a.w_layout == WLayout::kX8) {  // the decode kernels' packed copy
+                    for (int i = 0; i < 16; ++i)
+                        c[i] = i < n ? load16_x8<T>(base, r0 + 16 * v + i, k0 + kk, a.k) : _mm512_setzero_ps();
+                    transpose16(c);
+                    float* dst = panel + kk * stride + 16 * v;
+                    for (int j = 0; j < 16; ++j) _mm512_store_ps(dst + j * stride, c[j]);
+                    continue;
+                }
+            }
+            if (n == 16) {
+                for (int i = 0; i < 16; ++i) c[i] = load16<T>(row0 + i * rb, k0 + kk, a.k);
+            } else {
+                for (int i = 0; i < 16; ++i) c[i] = i < n ? load16<T>(row0 + i * rb, k0 + kk, a.k) : _mm512_setzero_ps();
+            }
+            transpose16(c);
+            float* dst = panel + kk * stride + 16 * v;
+            for (int j = 0; j < 16; ++j) _mm512_store_ps(dst + j * stride, c[j]);
+        }
+    }
+}
+
+EV_AVX512 void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
+    switch (a.wtype) {
+    case DType::F32: return pack_panel_t<DType::F32>(a, r0, nrows, k0, kc, panel);
+    case DType::F16: return pack_panel_t<DType::F16>(a, r0, nrows, k0, kc, panel);
+    case DType::BF16: return pack_panel_t<DType::BF16>(a, r0, nrows, k0, kc, panel);
+    case DType::Q4_0: return pack_panel_t<DType::Q4_0>(a, r0, nrows, k0, kc, panel);
+    case DType::Q4_1: return pack_panel_t<DType::Q4_1>(a, r0, nrows, k0, kc, panel);
+    case DType::Q8_0: return pack_panel_t<DType::Q8_0>(a, r0, nrows, k0, kc, panel);
+    default: return;  // not registered for other formats
+    }
+}
+
+// NT tokens x NV row vectors over one k block. y (token 0, panel row 0) holds the partial sums of
+// the earlier k blocks unless first; last_mask selects the valid rows of the last row vector.
+template <int NV, int NT>
+EV_AVX512 void tile(const float* panel, int64_t kc, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                    bool first, __mmask16 last_mask) {
+    __m512 acc[NT][NV];
+    for (int t = 0; t < NT; ++t)
+        for (int v = 0; v < NV; ++v) {
+            const __mmask16 m = v == NV - 1 ? last_mask : static_cast<__mmask16>(0xffff);
+            acc[t][v] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y + t * y_stride + 16 * v);
+        }
+    const float* xs[NT];
+    for (int t = 0; t < NT; ++t) xs[t] = x + t * x_stride;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+        __m512 w[NV];
+        for (int v = 0; v < NV; ++v) w[v] = _mm512_load_ps(panel + kk * (16 * NV) + 16 * v);
+        for (int t = 0; t < NT; ++t) {
+            const __m512 b = _mm512_set1_ps(xs[t][kk]);
+            for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_fmadd_ps(w[v], b, acc[t][v]);
+        }
+    }
+    for (int t = 0; t < NT; ++t)
+        for (int v = 0; v < NV; ++v) {
+            const __mmask16 m = v == NV - 1 ? last_mask : static_cast<__mmask16>(0xffff);
+            _mm512_mask_storeu_ps(y + t * y_stride + 16 * v, m, acc[t][v]);
+        }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool, __mmask16);
+
+template <int NV>
+constexpr TileFn tiles_for[kTok] = {tile<NV, 1>, tile<NV, 2>, tile<NV, 3>, tile<NV, 4>,
+                                    tile<NV, 5>, tile<NV, 6>, tile<NV, 7>, tile<NV, 8>};
+constexpr const TileFn* kTiles[kVecs] = {tiles_for<1>, tiles_for<2>, tiles_for<3>};
+
+}  // namespace
+
+EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
+    alignas(64) float panel[kPanelRows * kKc];
+    for (int64_t r = a.row0; r < a.row1; r += kPanelRows) {
+        const int nrows = static_cast<int>(a.row1 - r < kPanelRows ? a.row1 - r : kPanelRows);
+        const int nv = (nrows + 15) / 16;
+        const __mmask16 last_mask = tail_mask(nrows - 16 * (nv - 1));
+        const TileFn* tiles = kTiles[nv - 1];
+        for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
+            const int64_t kc = a.k - k0 < kKc ? a.k - k0 : kKc;
+            pack_panel(a, r, nrows, k0, kc, panel);
+            for (int64_t t = 0; t < a.m; t += kTok) {
+                const int nt = static_cast<int>(a.m - t < kTok ? a.m - t : kTok);
+                tiles[nt - 1](panel, kc, a.x + t * a.x_stride + k0, a.x_stride, a.y + t * a.y_stride + r, a.y_stride,
+                              k0 == 0, last_mask);
+            }
+        }
+    }
+}
+
+}  // namespace evk
+#endif
