@@ -1,5 +1,7 @@
 #include "compute.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -7,7 +9,7 @@
 
 namespace evn {
 
-Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows) {
+Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, PackArena* arena) {
     const TensorInfo* t = f.find_tensor(name);
     if (!t) f.fail("tensor '" + name + "'", "missing");
     // The outermost dimension is the rows; the inner ones (one for a matrix, three for a conv
@@ -22,22 +24,41 @@ Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int
     }
     const evk::TypeTraits* tt = evk::type_traits(t->type);
     if (!tt->computable) f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
-    return make_weight(t->type, t->data, rows, cols);
+    return make_weight(t->type, t->data, rows, cols, arena);
 }
 
-Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols) {
+Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols, PackArena* arena) {
     Weight w;
     w.type = type;
     w.data = data;
     w.rows = rows;
     w.cols = cols;
     w.row_bytes = evk::row_bytes(type, cols);
-    set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols));
-    set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols));
+    set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols), arena);
+    set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols), arena);
     return w;
 }
 
-void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice) {
+std::shared_ptr<uint8_t> PackArena::take(size_t n) {
+    n = (n + 63) / 64 * 64;
+    if (!chunk_ || size_ - used_ < n) {
+        // Chunks of >= 32 MiB: only the pages written are resident (a huge page is faulted whole,
+        // so a chunk's unused tail costs at most 2 MiB).
+        constexpr size_t kHuge = size_t{2} << 20, kChunk = size_t{32} << 20;
+        const size_t size = std::max(kChunk, (n + kHuge - 1) / kHuge * kHuge);
+        void* mem = std::aligned_alloc(kHuge, size);
+        if (!mem) throw std::bad_alloc();
+        ::madvise(mem, size, MADV_HUGEPAGE);  // advice only: without THP the pages are 4 KiB
+        chunk_.reset(static_cast<uint8_t*>(mem), std::free);
+        used_ = 0;
+        size_ = size;
+    }
+    std::shared_ptr<uint8_t> piece(chunk_, chunk_.get() + used_);  // shares the chunk's ownership
+    used_ += n;
+    return piece;
+}
+
+void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice, PackArena* arena) {
     if (choice.packing) {
         const evk::MatmulPacking& p = *choice.packing;
         if (!w.packed || w.packed_layout != p.layout) {
@@ -46,10 +67,14 @@ void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice) {
                 throw std::invalid_argument(std::string("weight already packed as '") + w.packed_name + "', not '" + p.name + "'");
             const size_t n = p.bytes(w.type, w.rows, w.cols);
             if (n == 0) throw std::invalid_argument(std::string("no '") + p.name + "' layout for this weight");
-            // 64-byte aligned: a group's vectors never straddle a cache line more than they must.
-            void* mem = std::aligned_alloc(64, (n + 63) / 64 * 64);
-            if (!mem) throw std::bad_alloc();
-            std::shared_ptr<uint8_t> buf(static_cast<uint8_t*>(mem), std::free);
+            std::shared_ptr<uint8_t> buf;
+            if (arena) {
+                buf = arena->take(n);
+            } else {  // 64-byte aligned: a group's vectors never straddle a cache line more than they must
+                void* mem = std::aligned_alloc(64, (n + 63) / 64 * 64);
+                if (!mem) throw std::bad_alloc();
+                buf.reset(static_cast<uint8_t*>(mem), std::free);
+            }
             p.pack(w.type, w.data, w.row_bytes, w.rows, w.cols, buf.get());
             w.packed = std::move(buf);
             w.packed_layout = p.layout;

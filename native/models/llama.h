@@ -90,6 +90,7 @@ private:
     LlamaConfig cfg_;
     int64_t n_ctx_, n_batch_;
     Compute compute_;
+    PackArena arena_;  // the weights' packed copies
     Weight tok_embd_, output_;
     std::vector<float> output_norm_;
     std::vector<Layer> layers_;
