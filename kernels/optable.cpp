@@ -7,6 +7,9 @@
 #if defined(__aarch64__)
 #include <sys/auxv.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -49,7 +52,10 @@ CpuFeatures detect_cpu_features() {
     f.avx2 = __builtin_cpu_supports("avx2");
     f.fma = __builtin_cpu_supports("fma");
     f.avx512f = __builtin_cpu_supports("avx512f");
-    f.avxvnni = __builtin_cpu_supports("avxvnni");
+    // AVX-VNNI (VEX-encoded vpdpbusd): CPUID leaf 7 sub-leaf 1, EAX bit 4; asked of CPUID directly
+    // (clang 14 cannot query it by name); its YMM state is the OS support AVX2 already needs.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    f.avxvnni = f.avx2 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0;
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C; GCC 12 cannot query it by name

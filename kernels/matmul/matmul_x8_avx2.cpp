@@ -25,25 +25,41 @@
 
 namespace evk {
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 namespace x8_avx2 {
 using q8act::BlockQ8A;
 using q8act::quantize_act;
 constexpr bool kVnni = false;
 #include "x8_body.inc"
 }  // namespace x8_avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
+#endif
 namespace x8_vnni {
 using q8act::BlockQ8A;
 using q8act::quantize_act;
 constexpr bool kVnni = true;
 #include "x8_body.inc"
 }  // namespace x8_vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 // a.w is the x8-packed weight; scratch: one token's activation blocks (k / 32 x 44 bytes).
 EV_AVX2 void matmul_avx2_q8act_x8(const MatmulArgs& a) { x8_avx2::dispatch(a); }

@@ -72,6 +72,8 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 }
 
 MappedFile::~MappedFile() { std::free(const_cast<uint8_t*>(data_)); }
+// A heap copy has no pages to drop (madvise on it would zero the data): keep everything.
+void MappedFile::release(const void*, size_t) const {}
 
 }  // namespace evn
 
