@@ -7,7 +7,7 @@
 
 namespace evn {
 
-Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows) {
+Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, WeightUse use) {
     const TensorInfo* t = f.find_tensor(name);
     if (!t) f.fail("tensor '" + name + "'", "missing");
     // The outermost dimension is the rows; the inner ones (one for a matrix, three for a conv
@@ -22,43 +22,48 @@ Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int
     }
     const evk::TypeTraits* tt = evk::type_traits(t->type);
     if (!tt->computable) f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
-    return make_weight(t->type, t->data, rows, cols);
+    return make_weight(t->type, t->data, rows, cols, use);
 }
 
-Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols) {
+Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols, WeightUse use) {
     Weight w;
     w.type = type;
     w.data = data;
     w.rows = rows;
     w.cols = cols;
     w.row_bytes = evk::row_bytes(type, cols);
-    set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols));
-    set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols));
+    if (use == WeightUse::kBoth) set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols));
+    if (use != WeightUse::kUnset) set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols));
     return w;
 }
 
 void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice) {
-    if (choice.packing) {
-        const evk::MatmulPacking& p = *choice.packing;
-        if (!w.packed || w.packed_layout != p.layout) {
-            const evk::MatmulChoice& other = phase == evk::kDecode ? w.prefill : w.decode;
-            if (w.packed && other.packing)
-                throw std::invalid_argument(std::string("weight already packed as '") + w.packed_name + "', not '" + p.name + "'");
-            const size_t n = p.bytes(w.type, w.rows, w.cols);
-            if (n == 0) throw std::invalid_argument(std::string("no '") + p.name + "' layout for this weight");
-            // 64-byte aligned: a group's vectors never straddle a cache line more than they must.
-            void* mem = std::aligned_alloc(64, (n + 63) / 64 * 64);
-            if (!mem) throw std::bad_alloc();
-            std::shared_ptr<uint8_t> buf(static_cast<uint8_t*>(mem), std::free);
-            p.pack(w.type, w.data, w.row_bytes, w.rows, w.cols, buf.get());
-            w.packed = std::move(buf);
-            w.packed_layout = p.layout;
-            w.packed_name = p.name;
-            w.packed_bytes = n;
-        }
+    const evk::MatmulChoice& other = phase == evk::kDecode ? w.prefill : w.decode;
+    const evk::MatmulPacking* want = choice.packing;
+    // A preferred layout only where it is the one copy: the other phase has no kernel, or reads it too.
+    if (!want && choice.prefers && !other.packing && choice.prefers->bytes(w.type, w.rows, w.cols) != 0 &&
+        (!other.fn || Weight::reads_layout(other, choice.prefers->layout)))
+        want = choice.prefers;
+    if (want && (!w.packed || w.packed_layout != want->layout)) {
+        const evk::MatmulPacking& p = *want;
+        if (w.packed && other.packing)
+            throw std::invalid_argument(std::string("weight already packed as '") + w.packed_name + "', not '" + p.name + "'");
+        const size_t n = p.bytes(w.type, w.rows, w.cols);
+        if (n == 0) throw std::invalid_argument(std::string("no '") + p.name + "' layout for this weight");
+        // 64-byte aligned: a group's vectors never straddle a cache line more than they must.
+        void* mem = std::aligned_alloc(64, (n + 63) / 64 * 64);
+        if (!mem) throw std::bad_alloc();
+        std::shared_ptr<uint8_t> buf(static_cast<uint8_t*>(mem), std::free);
+        p.pack(w.type, w.data, w.row_bytes, w.rows, w.cols, buf.get());
+        w.packed = std::move(buf);
+        w.packed_layout = p.layout;
+        w.packed_name = p.name;
+        w.packed_bytes = n;
     }
     (phase == evk::kDecode ? w.decode : w.prefill) = choice;
-    if (w.packed && !w.decode.packing && !w.prefill.packing) {  // nothing needs the copy any more
+    // Keep the copy while a kernel needs it, or while every phase with a kernel reads it (then the
+    // rows may go); otherwise it would be a second copy next to the rows something still reads.
+    if (w.packed && !w.decode.packing && !w.prefill.packing && !w.rows_unused()) {
         w.packed.reset();
         w.packed_layout = evk::WLayout::kRows;
         w.packed_name = "";
@@ -105,14 +110,20 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
     for (int i = 0; i < n_jobs; ++i) {
         const Weight& w = *jobs[i].w;
         const evk::MatmulChoice& c = phase == evk::kDecode ? w.decode : w.prefill;
+        if (!c.fn) throw std::invalid_argument(std::string("matmul: the weight has no ") +
+                                               (phase == evk::kDecode ? "decode" : "prefill") + " kernel");
         const bool packed = w.reads_packed(c);
         Plan& p = plans[i];
         p.fn = c.fn;
         p.data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
         p.layout = packed ? w.packed_layout : evk::WLayout::kRows;
-        // Chunks of rows (multiples of 16, so packed groups of 8 are never split): enough of them
-        // that a descheduled thread's share is picked up by another.
+        // Chunks of rows (multiples of 16, so packed groups of 8 or 16 are never split): enough of
+        // them that a descheduled thread's share is picked up by another. In prefill, at least 48
+        // (the GEMM's panel), or the whole weight when it has fewer than 96 rows (attention's
+        // V^T, 64 rows): a 16-row call runs the GEMM's slowest tile, and the token blocks give
+        // the threads work enough.
         p.rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
+        if (phase == evk::kPrefill && p.rows_per_chunk < 48) p.rows_per_chunk = w.rows < 96 ? (w.rows + 15) / 16 * 16 : 48;
         p.row_chunks = (w.rows + p.rows_per_chunk - 1) / p.rows_per_chunk;
         p.first_chunk = n_chunks;
         n_chunks += p.row_chunks * tok_blocks;
