@@ -343,12 +343,14 @@ def test_avx512_gemm_prefill_only_weights_read_p16(wtype: str) -> None:
         for m in (1, 3, 9, 64, 70):
             x = activations(m, cols)
             want_layout = "p16" if wtype in FLOAT_TYPES else "rows"
-            assert _engine.kernel_matmul_layout("avx512_gemm", wtype, raw, rows, cols, x, prefill_only=True) == want_layout
+            layout = _engine.kernel_matmul_layout("avx512_gemm", wtype, raw, rows, cols, x, prefill_only=True)
+            assert layout == want_layout
             assert _engine.kernel_matmul_layout("avx512_gemm", wtype, raw, rows, cols, x) != "p16"
             rows_path = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x, threads=2)
             chosen = _engine.choose_matmul(wtype, "prefill", rows, cols)
             for threads in (1, 2, 3):
-                got = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x, threads=threads, prefill_only=True)
+                got = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x, threads=threads,
+                                            prefill_only=True)
                 assert same_bits(got, rows_path), (wtype, rows, cols, m, threads)
                 best = _engine.kernel_matmul("best", wtype, raw, rows, cols, x, threads=threads, prefill_only=True)
                 if chosen == "avx512_gemm":
