@@ -96,14 +96,15 @@ void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t 
 void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, int64_t x_stride, int64_t m,
                            evk::Phase phase) {
     if (n_jobs < 1 || n_jobs > kMaxJobs) throw std::invalid_argument("matmul_batch: 1 to 4 products");
-    // Tokens in blocks of kTokenBlock, so the activations a chunk streams stay in L2.
+    // Tokens in blocks, so the activations a chunk streams stay in L2: 64, or in prefill as many
+    // (up to 256) as fit 1 MiB of floats, while the chunks still outnumber the threads twice. Each
+    // block re-reads the whole weight, so for k = 768 four times fewer passes over the weights.
     constexpr int64_t kTokenBlock = 64;
-    const int64_t tok_blocks = (m + kTokenBlock - 1) / kTokenBlock;
     struct Plan {
         evk::MatmulFn fn;
         const void* data;
         evk::WLayout layout;
-        int64_t rows_per_chunk, row_chunks, first_chunk;
+        int64_t rows_per_chunk, row_chunks, first_chunk, tok;
     };
     Plan plans[kMaxJobs];
     int64_t n_chunks = 0;
@@ -118,15 +119,21 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         p.data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
         p.layout = packed ? w.packed_layout : evk::WLayout::kRows;
         // Chunks of rows (multiples of 16, so packed groups of 8 or 16 are never split): enough of
-        // them that a descheduled thread's share is picked up by another. In prefill, at least 48
-        // (the GEMM's panel), or the whole weight when it has fewer than 96 rows (attention's
+        // them that a descheduled thread's share is picked up by another. In prefill, multiples of
+        // 48 (the GEMM's panel), or the whole weight when it has fewer than 96 rows (attention's
         // V^T, 64 rows): a 16-row call runs the GEMM's slowest tile, and the token blocks give
         // the threads work enough.
         p.rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
-        if (phase == evk::kPrefill && p.rows_per_chunk < 48) p.rows_per_chunk = w.rows < 96 ? (w.rows + 15) / 16 * 16 : 48;
+        if (phase == evk::kPrefill)  // whole 48-row panels (128 would run 48 + 48 + a 32-row tile)
+            p.rows_per_chunk = w.rows < 96 ? (w.rows + 15) / 16 * 16 : (p.rows_per_chunk + 47) / 48 * 48;
         p.row_chunks = (w.rows + p.rows_per_chunk - 1) / p.rows_per_chunk;
+        p.tok = kTokenBlock;
+        if (phase == evk::kPrefill) {
+            p.tok = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(w.cols, 1) / kTokenBlock * kTokenBlock, kTokenBlock, 4 * kTokenBlock);
+            while (p.tok > kTokenBlock && p.row_chunks * ((m + p.tok - 1) / p.tok) < 2 * pool_.size()) p.tok /= 2;
+        }
         p.first_chunk = n_chunks;
-        n_chunks += p.row_chunks * tok_blocks;
+        n_chunks += p.row_chunks * ((m + p.tok - 1) / p.tok);
     }
     auto body = [&](int64_t chunk, int t) {
         int i = n_jobs - 1;
@@ -141,11 +148,11 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         a.k = w.cols;
         a.row0 = rc * p.rows_per_chunk;
         a.row1 = std::min(w.rows, a.row0 + p.rows_per_chunk);
-        a.x = x + tb * kTokenBlock * x_stride;
+        a.x = x + tb * p.tok * x_stride;
         a.x_stride = x_stride;
-        a.y = jobs[i].y + tb * kTokenBlock * jobs[i].y_stride;
+        a.y = jobs[i].y + tb * p.tok * jobs[i].y_stride;
         a.y_stride = jobs[i].y_stride;
-        a.m = std::min(kTokenBlock, m - tb * kTokenBlock);
+        a.m = std::min(p.tok, m - tb * p.tok);
         a.scratch = scratch(t);
         a.w_layout = p.layout;
         p.fn(a);

@@ -308,7 +308,30 @@ EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
         for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
             const int64_t kc = a.k - k0 < kKc ? a.k - k0 : kKc;
             fill_panel(a, r, static_cast<int>(nrows), k0, kc, panel);
-            for (int64_t t = 0; t < a.m; t += kTok) {
+            // p16: the next block's weights (the next k block of these groups, or the first of the
+            // next panel's) are prefetched into L2 a slice per tile while the tiles run, so the
+            // next fill finds them there.
+            const uint8_t* pf[kVecs] = {};
+            int64_t pf_bytes = 0, pf_done = 0;
+            if (a.w_layout == WLayout::kP16 && r % kP16Rows == 0) {
+                const int64_t es = a.wtype == DType::F32 ? 4 : 2;
+                int64_t nr = r, nk = k0 + kKc;
+                if (nk >= a.k) nr = r + nrows, nk = 0;
+                if (nr < a.row1) {
+                    const int64_t nkc = a.k - nk < kKc ? a.k - nk : kKc, nnv = (a.row1 - nr < kPanelRows ? a.row1 - nr + 15 : kPanelRows) / 16;
+                    pf_bytes = nkc * kP16Rows * es;
+                    for (int64_t v = 0; v < nnv; ++v)
+                        pf[v] = static_cast<const uint8_t*>(a.w) + ((nr / kP16Rows + v) * a.k + nk) * kP16Rows * es;
+                }
+            }
+            const int64_t n_tiles = (a.m + kTok - 1) / kTok;
+            for (int64_t t = 0, ti = 1; t < a.m; t += kTok, ++ti) {
+                if (pf_bytes) {
+                    const int64_t upto = pf_bytes * ti / n_tiles;
+                    for (; pf_done < upto; pf_done += 64)
+                        for (int v = 0; v < kVecs; ++v)
+                            if (pf[v]) _mm_prefetch(reinterpret_cast<const char*>(pf[v] + pf_done), _MM_HINT_T1);
+                }
                 const int nt = static_cast<int>(a.m - t < kTok ? a.m - t : kTok);
                 tiles[nt - 1](panel, kc, a.x + t * a.x_stride + k0, a.x_stride, a.y + t * a.y_stride + r, a.y_stride,
                               k0 == 0, last_mask);
