@@ -11,8 +11,9 @@
 
 namespace evk {
 
-// How a weight's bytes are laid out: the file's rows, or packed (kernels/matmul/packed_x8.h).
-enum class WLayout : uint8_t { kRows = 0, kX8 = 1 };
+// How a weight's bytes are laid out: the file's rows, or packed (kernels/matmul/packed_x8.h,
+// kernels/matmul/packed_p16.h).
+enum class WLayout : uint8_t { kRows = 0, kX8 = 1, kP16 = 2 };
 
 // y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m).
 // W rows are k elements of wtype, w_row_bytes apart (w_layout kRows), or the whole weight packed
@@ -107,11 +108,15 @@ struct MatmulPacking {
 // also_reads: a variant that reads the file's rows but, given MatmulArgs::w_layout, also that
 // packed layout (the prefill GEMM dequantizing x8 rows): a weight packed for decode then serves
 // prefill from the same copy, and its rows in the file need not stay in memory.
+// prefers: a layout the variant reads faster than the rows but does not need (the prefill GEMM's
+// p16 panels). A weight is packed into it only when that makes no second copy: the other phase
+// has no kernel (a prefill-only weight, the vision tower) or reads that layout too (evn::set_kernel).
 struct MatmulChoice {
     MatmulFn fn;
     const char* name;
     const MatmulPacking* packing = nullptr;
     WLayout also_reads = WLayout::kRows;
+    const MatmulPacking* prefers = nullptr;
 };
 struct AttentionChoice { AttentionFn fn; const char* name; };
 // The variant the active operator table picks (the first matching rule that runs on this CPU).

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "matmul/packed_p16.h"
 #include "matmul/packed_x8.h"
 #include "ops.h"
 
@@ -88,6 +89,7 @@ struct Kernel {
 };
 
 const MatmulPacking kPackX8{"x8", WLayout::kX8, x8_packed_bytes, x8_pack};
+const MatmulPacking kPackP16{"p16", WLayout::kP16, p16_packed_bytes, p16_pack};
 
 struct Variant {
     const char* name;
@@ -96,6 +98,7 @@ struct Variant {
     const char* needs;                      // features, as in the table
     const MatmulPacking* packing = nullptr;  // matmul only: the weight layout it reads, if not the file's
     WLayout also_reads = WLayout::kRows;     // matmul only: a packed layout it reads besides the rows
+    const MatmulPacking* prefers = nullptr;  // matmul only: a layout it reads faster, not needed (MatmulChoice)
     const char* op() const { return fn.op; }
 };
 
@@ -116,7 +119,7 @@ const std::vector<Variant>& registry() {
         {"avx2_gemm", matmul_avx2_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c",
          nullptr, WLayout::kX8},
         {"avx512_gemm", matmul_avx512_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx512f,avx512bw,avx512vl,fma,f16c",
-         nullptr, WLayout::kX8},
+         nullptr, WLayout::kX8, &kPackP16},
         {"avx2_q8act", matmul_avx2_q8act, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {"avx2_q8act_x8", matmul_avx2_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
         {"avxvnni_q8act_x8", matmul_avxvnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
@@ -274,7 +277,7 @@ MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k) {
             (r.phase != "*" && r.phase != phase_name) || !shape_matches(r.shape, rows, k) || !has_features(f, r.features))
             continue;
         const Variant* v = find_variant("matmul", r.variant);
-        if (v && supports(*v, t) && has_features(f, v->needs)) return {v->fn.matmul, v->name, v->packing, v->also_reads};
+        if (v && supports(*v, t) && has_features(f, v->needs)) return {v->fn.matmul, v->name, v->packing, v->also_reads, v->prefers};
     }
     return {matmul_ref, "ref"};
 }
@@ -321,7 +324,7 @@ MatmulFn matmul_variant(const std::string& name) {
 
 MatmulChoice matmul_choice(const std::string& name) {
     const Variant* v = runnable("matmul", name);
-    return v ? MatmulChoice{v->fn.matmul, v->name, v->packing, v->also_reads} : MatmulChoice{nullptr, "", nullptr};
+    return v ? MatmulChoice{v->fn.matmul, v->name, v->packing, v->also_reads, v->prefers} : MatmulChoice{nullptr, "", nullptr};
 }
 
 AttentionFn attention_variant(const std::string& name) {

@@ -131,14 +131,18 @@ PYBIND11_MODULE(_engine, m) {
     // Kernel-level entry points for tests and `edgevlm tune`: one matmul by a named variant
     // ('ref', 'best' = what the operator table picks for this shape and m, or any variant name).
     // The weight of a kernel-level product: checked, with the named variant ('best': the table's
-    // choice) set for both phases and packed into its layout if it has one.
+    // choice) set for both phases and packed into its layout if it has one, reading the file's
+    // rows otherwise. prefill_only: a weight like the vision tower's (no decode kernel; the
+    // product runs as prefill whatever m), which the variant reads in the layout it prefers.
     struct KernelCase {
         Weight w;
         int64_t m;
+        evk::Phase phase;
     };
     auto kernel_case = [](const std::string& variant, const std::string& wtype,
                           const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& w, int64_t rows,
-                          int64_t cols, const py::array_t<float, py::array::c_style | py::array::forcecast>& x, int threads) {
+                          int64_t cols, const py::array_t<float, py::array::c_style | py::array::forcecast>& x, int threads,
+                          bool prefill_only) {
         const evk::DType t = dtype_named(wtype);
         const evk::TypeTraits* tt = evk::type_traits(t);
         if (!tt->computable) throw py::value_error("no matmul kernel for " + wtype);
@@ -147,58 +151,72 @@ PYBIND11_MODULE(_engine, m) {
         if (static_cast<size_t>(w.size()) != rb * static_cast<size_t>(rows)) throw py::value_error("weight bytes do not match rows x cols");
         if (x.ndim() != 2 || x.shape(1) != cols) throw py::value_error("x must have shape (m, cols)");
         if (threads < 1 || threads > 64) throw py::value_error("threads must be in 1..64");
-        Weight wt = make_weight(t, w.data(), rows, cols);
+        const WeightUse use = variant != "best" ? WeightUse::kUnset : prefill_only ? WeightUse::kPrefillOnly : WeightUse::kBoth;
+        Weight wt = make_weight(t, w.data(), rows, cols, use);
         if (variant != "best") {
-            const evk::MatmulChoice choice = evk::matmul_choice(variant);
+            evk::MatmulChoice choice = evk::matmul_choice(variant);
             bool ok = false;
             for (const evk::VariantInfo& v : evk::list_variants())
                 if (v.op == "matmul" && v.name == variant)
                     for (const std::string& f : v.formats) ok = ok || f == wtype;
             if (!choice.fn || !ok) throw py::value_error("matmul variant '" + variant + "' does not run " + wtype + " here");
-            wt.decode = wt.prefill = {nullptr, ""};
-            set_kernel(wt, evk::kDecode, choice);
+            if (!prefill_only) {
+                choice.prefers = nullptr;  // both phases: the rows (or the layout the variant needs)
+                set_kernel(wt, evk::kDecode, choice);
+            }
             set_kernel(wt, evk::kPrefill, choice);
         }
-        return KernelCase{std::move(wt), x.shape(0)};
+        return KernelCase{std::move(wt), x.shape(0), prefill_only ? evk::kPrefill : Compute::phase_for(x.shape(0))};
     };
     m.def("kernel_matmul", [kernel_case](const std::string& variant, const std::string& wtype,
                                          py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w, int64_t rows,
                                          int64_t cols, py::array_t<float, py::array::c_style | py::array::forcecast> x,
-                                         int threads) {
-        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads);
+                                         int threads, bool prefill_only) {
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads, prefill_only);
         py::array_t<float> y({kc.m, rows});
         float* yp = y.mutable_data();
         const float* xp = x.data();
         {
             py::gil_scoped_release nogil;
             Compute c(threads, cols);
-            c.matmul(kc.w, xp, cols, kc.m, yp, rows, Compute::phase_for(kc.m));
+            c.matmul(kc.w, xp, cols, kc.m, yp, rows, kc.phase);
         }
         return y;
-    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1);
+    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1,
+       py::arg("prefill_only") = false);
+    m.def("kernel_matmul_layout", [kernel_case](const std::string& variant, const std::string& wtype,
+                                                py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w,
+                                                int64_t rows, int64_t cols,
+                                                py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                                                bool prefill_only) {
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, 1, prefill_only);
+        const evk::MatmulChoice& c = kc.phase == evk::kDecode ? kc.w.decode : kc.w.prefill;
+        return std::string(kc.w.reads_packed(c) ? kc.w.packed_name : "rows");
+    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
+       py::arg("prefill_only") = false, "The weight layout kernel_matmul's product reads: 'rows' or a packing's name.");
     m.def("kernel_matmul_seconds", [kernel_case](const std::string& variant, const std::string& wtype,
                                                  py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w,
                                                  int64_t rows, int64_t cols,
                                                  py::array_t<float, py::array::c_style | py::array::forcecast> x,
-                                                 int threads, int repeat) {
+                                                 int threads, int repeat, bool prefill_only) {
         if (repeat < 1 || repeat > 100000) throw py::value_error("repeat must be in 1..100000");
-        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads);
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads, prefill_only);
         std::vector<float> y(static_cast<size_t>(kc.m * rows));
         const float* xp = x.data();
         double best = 1e30;
         {
             py::gil_scoped_release nogil;
             Compute c(threads, cols);
-            c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, Compute::phase_for(kc.m));  // warm-up
+            c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, kc.phase);  // warm-up
             for (int i = 0; i < repeat; ++i) {
                 const auto t0 = std::chrono::steady_clock::now();
-                c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, Compute::phase_for(kc.m));
+                c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, kc.phase);
                 best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             }
         }
         return best;
     }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
-       py::arg("threads") = 1, py::arg("repeat") = 1,
+       py::arg("threads") = 1, py::arg("repeat") = 1, py::arg("prefill_only") = false,
        "Best wall seconds of one product over `repeat` (after one warm-up), packing and set-up excluded.");
 
     m.def("load_optable", [](const std::string& text, const std::string& source) {

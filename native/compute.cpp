@@ -9,7 +9,8 @@
 
 namespace evn {
 
-Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, PackArena* arena) {
+Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, WeightUse use,
+                   PackArena* arena) {
     const TensorInfo* t = f.find_tensor(name);
     if (!t) f.fail("tensor '" + name + "'", "missing");
     // The outermost dimension is the rows; the inner ones (one for a matrix, three for a conv
@@ -24,18 +25,18 @@ Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int
     }
     const evk::TypeTraits* tt = evk::type_traits(t->type);
     if (!tt->computable) f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
-    return make_weight(t->type, t->data, rows, cols, arena);
+    return make_weight(t->type, t->data, rows, cols, use, arena);
 }
 
-Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols, PackArena* arena) {
+Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols, WeightUse use, PackArena* arena) {
     Weight w;
     w.type = type;
     w.data = data;
     w.rows = rows;
     w.cols = cols;
     w.row_bytes = evk::row_bytes(type, cols);
-    set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols), arena);
-    set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols), arena);
+    if (use == WeightUse::kBoth) set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols), arena);
+    if (use != WeightUse::kUnset) set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols), arena);
     return w;
 }
 
@@ -59,31 +60,36 @@ std::shared_ptr<uint8_t> PackArena::take(size_t n) {
 }
 
 void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice, PackArena* arena) {
-    if (choice.packing) {
-        const evk::MatmulPacking& p = *choice.packing;
-        if (!w.packed || w.packed_layout != p.layout) {
-            const evk::MatmulChoice& other = phase == evk::kDecode ? w.prefill : w.decode;
-            if (w.packed && other.packing)
-                throw std::invalid_argument(std::string("weight already packed as '") + w.packed_name + "', not '" + p.name + "'");
-            const size_t n = p.bytes(w.type, w.rows, w.cols);
-            if (n == 0) throw std::invalid_argument(std::string("no '") + p.name + "' layout for this weight");
-            std::shared_ptr<uint8_t> buf;
-            if (arena) {
-                buf = arena->take(n);
-            } else {  // 64-byte aligned: a group's vectors never straddle a cache line more than they must
-                void* mem = std::aligned_alloc(64, (n + 63) / 64 * 64);
-                if (!mem) throw std::bad_alloc();
-                buf.reset(static_cast<uint8_t*>(mem), std::free);
-            }
-            p.pack(w.type, w.data, w.row_bytes, w.rows, w.cols, buf.get());
-            w.packed = std::move(buf);
-            w.packed_layout = p.layout;
-            w.packed_name = p.name;
-            w.packed_bytes = n;
+    const evk::MatmulChoice& other = phase == evk::kDecode ? w.prefill : w.decode;
+    const evk::MatmulPacking* want = choice.packing;
+    // A preferred layout only where it is the one copy: the other phase has no kernel, or reads it too.
+    if (!want && choice.prefers && !other.packing && choice.prefers->bytes(w.type, w.rows, w.cols) != 0 &&
+        (!other.fn || Weight::reads_layout(other, choice.prefers->layout)))
+        want = choice.prefers;
+    if (want && (!w.packed || w.packed_layout != want->layout)) {
+        const evk::MatmulPacking& p = *want;
+        if (w.packed && other.packing)
+            throw std::invalid_argument(std::string("weight already packed as '") + w.packed_name + "', not '" + p.name + "'");
+        const size_t n = p.bytes(w.type, w.rows, w.cols);
+        if (n == 0) throw std::invalid_argument(std::string("no '") + p.name + "' layout for this weight");
+        std::shared_ptr<uint8_t> buf;
+        if (arena) {
+            buf = arena->take(n);
+        } else {  // 64-byte aligned: a group's vectors never straddle a cache line more than they must
+            void* mem = std::aligned_alloc(64, (n + 63) / 64 * 64);
+            if (!mem) throw std::bad_alloc();
+            buf.reset(static_cast<uint8_t*>(mem), std::free);
         }
+        p.pack(w.type, w.data, w.row_bytes, w.rows, w.cols, buf.get());
+        w.packed = std::move(buf);
+        w.packed_layout = p.layout;
+        w.packed_name = p.name;
+        w.packed_bytes = n;
     }
     (phase == evk::kDecode ? w.decode : w.prefill) = choice;
-    if (w.packed && !w.decode.packing && !w.prefill.packing) {  // nothing needs the copy any more
+    // Keep the copy while a kernel needs it, or while every phase with a kernel reads it (then the
+    // rows may go); otherwise it would be a second copy next to the rows something still reads.
+    if (w.packed && !w.decode.packing && !w.prefill.packing && !w.rows_unused()) {
         w.packed.reset();
         w.packed_layout = evk::WLayout::kRows;
         w.packed_name = "";
@@ -116,31 +122,44 @@ void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t 
 void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, int64_t x_stride, int64_t m,
                            evk::Phase phase) {
     if (n_jobs < 1 || n_jobs > kMaxJobs) throw std::invalid_argument("matmul_batch: 1 to 4 products");
-    // Tokens in blocks of kTokenBlock, so the activations a chunk streams stay in L2.
+    // Tokens in blocks, so the activations a chunk streams stay in L2: 64, or in prefill as many
+    // (up to 256) as fit 1 MiB of floats, while the chunks still outnumber the threads twice. Each
+    // block re-reads the whole weight, so for k = 768 four times fewer passes over the weights.
     constexpr int64_t kTokenBlock = 64;
-    const int64_t tok_blocks = (m + kTokenBlock - 1) / kTokenBlock;
     struct Plan {
         evk::MatmulFn fn;
         const void* data;
         evk::WLayout layout;
-        int64_t rows_per_chunk, row_chunks, first_chunk;
+        int64_t rows_per_chunk, row_chunks, first_chunk, tok;
     };
     Plan plans[kMaxJobs];
     int64_t n_chunks = 0;
     for (int i = 0; i < n_jobs; ++i) {
         const Weight& w = *jobs[i].w;
         const evk::MatmulChoice& c = phase == evk::kDecode ? w.decode : w.prefill;
+        if (!c.fn) throw std::invalid_argument(std::string("matmul: the weight has no ") +
+                                               (phase == evk::kDecode ? "decode" : "prefill") + " kernel");
         const bool packed = w.reads_packed(c);
         Plan& p = plans[i];
         p.fn = c.fn;
         p.data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
         p.layout = packed ? w.packed_layout : evk::WLayout::kRows;
-        // Chunks of rows (multiples of 16, so packed groups of 8 are never split): enough of them
-        // that a descheduled thread's share is picked up by another.
+        // Chunks of rows (multiples of 16, so packed groups of 8 or 16 are never split): enough of
+        // them that a descheduled thread's share is picked up by another. In prefill, multiples of
+        // 48 (the GEMM's panel), or the whole weight when it has fewer than 96 rows (attention's
+        // V^T, 64 rows): a 16-row call runs the GEMM's slowest tile, and the token blocks give
+        // the threads work enough.
         p.rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
+        if (phase == evk::kPrefill)  // whole 48-row panels (128 would run 48 + 48 + a 32-row tile)
+            p.rows_per_chunk = w.rows < 96 ? (w.rows + 15) / 16 * 16 : (p.rows_per_chunk + 47) / 48 * 48;
         p.row_chunks = (w.rows + p.rows_per_chunk - 1) / p.rows_per_chunk;
+        p.tok = kTokenBlock;
+        if (phase == evk::kPrefill) {
+            p.tok = std::clamp<int64_t>((int64_t{1} << 18) / std::max<int64_t>(w.cols, 1) / kTokenBlock * kTokenBlock, kTokenBlock, 4 * kTokenBlock);
+            while (p.tok > kTokenBlock && p.row_chunks * ((m + p.tok - 1) / p.tok) < 2 * pool_.size()) p.tok /= 2;
+        }
         p.first_chunk = n_chunks;
-        n_chunks += p.row_chunks * tok_blocks;
+        n_chunks += p.row_chunks * ((m + p.tok - 1) / p.tok);
     }
     auto body = [&](int64_t chunk, int t) {
         int i = n_jobs - 1;
@@ -155,11 +174,11 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         a.k = w.cols;
         a.row0 = rc * p.rows_per_chunk;
         a.row1 = std::min(w.rows, a.row0 + p.rows_per_chunk);
-        a.x = x + tb * kTokenBlock * x_stride;
+        a.x = x + tb * p.tok * x_stride;
         a.x_stride = x_stride;
-        a.y = jobs[i].y + tb * kTokenBlock * jobs[i].y_stride;
+        a.y = jobs[i].y + tb * p.tok * jobs[i].y_stride;
         a.y_stride = jobs[i].y_stride;
-        a.m = std::min(kTokenBlock, m - tb * kTokenBlock);
+        a.m = std::min(p.tok, m - tb * p.tok);
         a.scratch = scratch(t);
         a.w_layout = p.layout;
         p.fn(a);

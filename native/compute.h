@@ -17,23 +17,32 @@ namespace evn {
 // A kernel that reads a layout of its own (MatmulChoice::packing) gets `packed`, made once when the
 // kernel is set; copies of a Weight share it (the tied output head and the token embeddings). A
 // kernel of the other phase that can read that layout too (MatmulChoice::also_reads) uses it as
-// well; then nothing reads the rows in the file any more (rows_unused()).
+// well; then nothing reads the rows in the file any more (rows_unused()). A layout a kernel only
+// prefers (MatmulChoice::prefers) is made when no phase with a kernel would read the rows instead:
+// a weight used for one phase only (WeightUse::kPrefillOnly: the vision tower), never a second copy.
 struct Weight {
     evk::DType type = evk::DType::F32;
     const void* data = nullptr;
     int64_t rows = 0, cols = 0;
     size_t row_bytes = 0;
-    evk::MatmulChoice decode{nullptr, ""}, prefill{nullptr, ""};
+    evk::MatmulChoice decode{nullptr, ""}, prefill{nullptr, ""};  // fn nullptr: no kernel for that phase
     std::shared_ptr<const uint8_t> packed;
     evk::WLayout packed_layout = evk::WLayout::kRows;
     const char* packed_name = "";
     size_t packed_bytes = 0;
 
-    bool reads_packed(const evk::MatmulChoice& c) const {
-        return packed && (c.packing ? c.packing->layout == packed_layout : c.also_reads == packed_layout);
+    // Whether a kernel of choice c reads layout l (packed: its own, or one it also reads or prefers).
+    static bool reads_layout(const evk::MatmulChoice& c, evk::WLayout l) {
+        if (l == evk::WLayout::kRows) return false;
+        return c.packing ? c.packing->layout == l : c.also_reads == l || (c.prefers && c.prefers->layout == l);
     }
-    // Both phases read the packed copy: the file's rows are needed for nothing but embedding lookups.
-    bool rows_unused() const { return packed && reads_packed(decode) && reads_packed(prefill); }
+    bool reads_packed(const evk::MatmulChoice& c) const { return packed && reads_layout(c, packed_layout); }
+    // Every phase with a kernel reads the packed copy: the file's rows are needed for nothing but
+    // embedding lookups.
+    bool rows_unused() const {
+        return packed && (decode.fn || prefill.fn) && (!decode.fn || reads_packed(decode)) &&
+               (!prefill.fn || reads_packed(prefill));
+    }
 };
 
 // Where a model's packed weight copies live: 64-byte aligned pieces of 2 MiB-aligned chunks advised
@@ -49,16 +58,24 @@ private:
     size_t used_ = 0, size_ = 0;
 };
 
+// Which phases a weight serves: both (the text model), prefill only (the vision tower: no decode
+// kernel, so the prefill kernel's preferred layout costs no second copy), or none yet (the caller
+// sets the kernels with set_kernel: tests and tuning).
+enum class WeightUse { kBoth, kPrefillOnly, kUnset };
+
 // A Weight view of raw memory, with its kernels chosen from the operator table; a packed copy,
-// if a kernel needs one, comes from `arena` (its own allocation without one).
-Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols, PackArena* arena = nullptr);
+// if a kernel needs (or prefers) one, comes from `arena` (its own allocation without one).
+Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols, WeightUse use = WeightUse::kBoth,
+                   PackArena* arena = nullptr);
 // Sets the kernel of one phase (e.g. a named variant, for tests and tuning), packing the weight
-// into the kernel's layout if it has one. std::invalid_argument when the layout differs from the
-// one the other phase already packed, or the shape has no such layout.
+// into the kernel's layout if it has one (or prefers one, under the rule above). Drops a packed
+// copy nothing needs any more. std::invalid_argument when the layout differs from the one the
+// other phase already packed, or the shape has no such layout.
 void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice, PackArena* arena = nullptr);
 
 // Looks up a 2-D tensor of the expected shape (cols = ne[0]) and a type with kernels.
-Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, PackArena* arena = nullptr);
+Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows,
+                   WeightUse use = WeightUse::kBoth, PackArena* arena = nullptr);
 // Looks up a tensor of exactly n elements and converts it to owned floats (norms, biases).
 std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64_t n);
 
@@ -78,6 +95,8 @@ public:
     void matmul(const Weight& w, const float* x, int64_t m, float* y, evk::Phase phase) {
         matmul(w, x, w.cols, m, y, w.rows, phase);
     }
+    // A weight with no kernel for the phase (a prefill-only weight asked to decode) throws
+    // std::invalid_argument.
     // Several products of the same input in one parallel region (one hand-over to the workers
     // instead of one per product): Q, K and V, or gate and up. Each output is computed exactly as
     // matmul() computes it. All weights must have x's width as their cols.

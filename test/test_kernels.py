@@ -299,7 +299,7 @@ def test_matmul_zero_weights_and_inputs(wtype: str) -> None:
 @pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
 def test_avx512_gemm_panels_k_blocks_and_token_pieces(wtype: str) -> None:
     """avx512_gemm works in panels of 48 rows (3 x 16 lanes) and k blocks of 192: the cases above
-    (<= 129 rows, so 16-row chunks, and k <= 576 = 3 whole blocks) do not reach a full panel or a
+    (<= 129 rows, so small chunks, and k <= 576 = 3 whole blocks) do not reach a full panel or a
     partial last k block. Here rows = 1000 (chunks of 128 = 48 + 48 + 32, the last one 104 =
     48 + 48 + 8), k with a tail block (193, 200 for floats; 416 = 2 x 192 + 32 for blocks), weights
     at a misaligned address, m past one 8-token tile. Each output is one FMA chain over k, so a
@@ -325,6 +325,36 @@ def test_avx512_gemm_panels_k_blocks_and_token_pieces(wtype: str) -> None:
             assert same_bits(got[1], got[2]) and same_bits(got[1], got[3]), (wtype, cols, m)
             piece = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x[m - 3:], threads=2)
             assert same_bits(piece, got[1][m - 3:]), (wtype, cols, m)
+
+
+@pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
+def test_avx512_gemm_prefill_only_weights_read_p16(wtype: str) -> None:
+    """A prefill-only weight (the vision tower's: no decode kernel) is read by avx512_gemm in the
+    p16 layout it prefers (kernels/matmul/packed_p16.h) for the float formats; the results are the
+    rows path's, bit for bit, for every shape, token count and thread count, and 'best' on such a
+    weight is the chosen variant's. A weight with both phases keeps reading the rows (no second
+    copy next to the decode kernel's)."""
+    if "avx512_gemm" not in matmul_variants(wtype):
+        pytest.skip("avx512_gemm does not run on this CPU (needs AVX-512 F/BW/VL)")
+    shapes = ((1, 7), (17, 37), (64, 64), (100, 200), (113, 416), (1000, 193)) if wtype in FLOAT_TYPES else (
+        (17, 64), (64, 416), (113, 160))
+    for rows, cols in shapes:
+        raw, wd = weights(wtype, rows, cols)
+        for m in (1, 3, 9, 64, 70):
+            x = activations(m, cols)
+            want_layout = "p16" if wtype in FLOAT_TYPES else "rows"
+            layout = _engine.kernel_matmul_layout("avx512_gemm", wtype, raw, rows, cols, x, prefill_only=True)
+            assert layout == want_layout
+            assert _engine.kernel_matmul_layout("avx512_gemm", wtype, raw, rows, cols, x) != "p16"
+            rows_path = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x, threads=2)
+            chosen = _engine.choose_matmul(wtype, "prefill", rows, cols)
+            for threads in (1, 2, 3):
+                got = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x, threads=threads,
+                                            prefill_only=True)
+                assert same_bits(got, rows_path), (wtype, rows, cols, m, threads)
+                best = _engine.kernel_matmul("best", wtype, raw, rows, cols, x, threads=threads, prefill_only=True)
+                if chosen == "avx512_gemm":
+                    assert same_bits(best, got), (wtype, rows, cols, m, threads)
 
 
 def test_matmul_argument_checks() -> None:

@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "../ops.h"
+#include "packed_p16.h"
 #include "packed_x8.h"
 
 #define EV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
@@ -236,19 +237,106 @@ constexpr TileFn tiles_for[kTok] = {tile<NV, 1>, tile<NV, 2>, tile<NV, 3>, tile<
                                     tile<NV, 5>, tile<NV, 6>, tile<NV, 7>, tile<NV, 8>};
 constexpr const TileFn* kTiles[kVecs] = {tiles_for<1>, tiles_for<2>, tiles_for<3>};
 
+// The same panel from a weight packed in the p16 layout (packed_p16.h), already k-major: for rows
+// starting at a multiple of 16, each of the nv groups' k block is converted to float as it lies
+// (one 16-lane load and store per element of k, no transpose); otherwise element by element (a
+// caller's odd row range, never the runtime's 16-row chunks). The values are the rows' values, bit
+// for bit. Lanes past nrows hold the next rows or the zero padding: computed, never stored.
+template <DType T>
+EV_AVX512 inline __m512 load16_p16(const uint8_t* p) {
+    if constexpr (T == DType::F32) return _mm512_loadu_ps(p);
+    if constexpr (T == DType::F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+template <DType T>
+EV_AVX512 void fill_panel_p16_t(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
+    constexpr size_t es = T == DType::F32 ? 4 : 2;
+    const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    const int nv = (nrows + 15) / 16;
+    const int stride = 16 * nv;
+    if (r0 % kP16Rows == 0) {
+        for (int v = 0; v < nv; ++v) {
+            const uint8_t* g = base + (static_cast<size_t>((r0 / kP16Rows + v) * a.k + k0) * kP16Rows) * es;
+            float* dst = panel + 16 * v;
+            for (int64_t kk = 0; kk < kc; ++kk) _mm512_store_ps(dst + kk * stride, load16_p16<T>(g + static_cast<size_t>(kk) * kP16Rows * es));
+        }
+        return;
+    }
+    for (int64_t kk = 0; kk < kc; ++kk)
+        for (int i = 0; i < stride; ++i) {
+            float f = 0.f;
+            if (i < nrows) {
+                const int64_t r = r0 + i;
+                const uint8_t* e = base + (static_cast<size_t>((r / kP16Rows) * a.k + k0 + kk) * kP16Rows + static_cast<size_t>(r % kP16Rows)) * es;
+                if constexpr (T == DType::F32) {
+                    std::memcpy(&f, e, 4);
+                } else {
+                    const uint16_t h = load_u16(e);
+                    if constexpr (T == DType::F16) {
+                        f = half_to_float(h);
+                    } else {
+                        const uint32_t u = static_cast<uint32_t>(h) << 16;
+                        std::memcpy(&f, &u, 4);
+                    }
+                }
+            }
+            panel[kk * stride + i] = f;
+        }
+}
+
+EV_AVX512 void fill_panel(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
+    if (a.w_layout == WLayout::kP16) {
+        switch (a.wtype) {
+        case DType::F32: return fill_panel_p16_t<DType::F32>(a, r0, nrows, k0, kc, panel);
+        case DType::F16: return fill_panel_p16_t<DType::F16>(a, r0, nrows, k0, kc, panel);
+        case DType::BF16: return fill_panel_p16_t<DType::BF16>(a, r0, nrows, k0, kc, panel);
+        default: return;  // no p16 layout for other formats
+        }
+    }
+    pack_panel(a, r0, nrows, k0, kc, panel);
+}
+
 }  // namespace
 
 EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
     alignas(64) float panel[kPanelRows * kKc];
-    for (int64_t r = a.row0; r < a.row1; r += kPanelRows) {
-        const int nrows = static_cast<int>(a.row1 - r < kPanelRows ? a.row1 - r : kPanelRows);
-        const int nv = (nrows + 15) / 16;
+    for (int64_t r = a.row0, nrows = 0; r < a.row1; r += nrows) {
+        // Panels of 48 rows, but 49..64 rows left go as 32 + the rest: two 2-vector tiles instead
+        // of a 3-vector and a 1-vector one (the 1-vector tile is the slowest per row).
+        const int64_t left = a.row1 - r;
+        nrows = left > kPanelRows + 16 ? kPanelRows : left > kPanelRows ? 32 : left;
+        const int nv = static_cast<int>((nrows + 15) / 16);
         const __mmask16 last_mask = tail_mask(nrows - 16 * (nv - 1));
         const TileFn* tiles = kTiles[nv - 1];
         for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
             const int64_t kc = a.k - k0 < kKc ? a.k - k0 : kKc;
-            pack_panel(a, r, nrows, k0, kc, panel);
-            for (int64_t t = 0; t < a.m; t += kTok) {
+            fill_panel(a, r, static_cast<int>(nrows), k0, kc, panel);
+            // p16: the next block's weights (the next k block of these groups, or the first of the
+            // next panel's) are prefetched into L2 a slice per tile while the tiles run, so the
+            // next fill finds them there.
+            const uint8_t* pf[kVecs] = {};
+            int64_t pf_bytes = 0, pf_done = 0;
+            if (a.w_layout == WLayout::kP16 && r % kP16Rows == 0) {
+                const int64_t es = a.wtype == DType::F32 ? 4 : 2;
+                int64_t nr = r, nk = k0 + kKc;
+                if (nk >= a.k) nr = r + nrows, nk = 0;
+                if (nr < a.row1) {
+                    const int64_t nkc = a.k - nk < kKc ? a.k - nk : kKc, nnv = (a.row1 - nr < kPanelRows ? a.row1 - nr + 15 : kPanelRows) / 16;
+                    pf_bytes = nkc * kP16Rows * es;
+                    for (int64_t v = 0; v < nnv; ++v)
+                        pf[v] = static_cast<const uint8_t*>(a.w) + ((nr / kP16Rows + v) * a.k + nk) * kP16Rows * es;
+                }
+            }
+            const int64_t n_tiles = (a.m + kTok - 1) / kTok;
+            for (int64_t t = 0, ti = 1; t < a.m; t += kTok, ++ti) {
+                if (pf_bytes) {
+                    const int64_t upto = pf_bytes * ti / n_tiles;
+                    for (; pf_done < upto; pf_done += 64)
+                        for (int v = 0; v < kVecs; ++v)
+                            if (pf[v]) _mm_prefetch(reinterpret_cast<const char*>(pf[v] + pf_done), _MM_HINT_T1);
+                }
                 const int nt = static_cast<int>(a.m - t < kTok ? a.m - t : kTok);
                 tiles[nt - 1](panel, kc, a.x + t * a.x_stride + k0, a.x_stride, a.y + t * a.y_stride + r, a.y_stride,
                               k0 == 0, last_mask);

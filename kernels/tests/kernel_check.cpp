@@ -140,6 +140,28 @@ int main() {
                             check(std::memcmp(y8.data(), y.data(), y.size() * sizeof(float)) == 0,
                                   "matmul/" + v.name + "/" + fmt + " on x8-packed weights differs from the rows");
                         }
+                        // A layout the variant prefers (p16) must give the same bits as the rows, for
+                        // ranges starting at a multiple of 16 (the runtime's chunks) and anywhere else.
+                        if (choice.prefers && choice.prefers->bytes(t, rows, k) > 0) {
+                            std::vector<uint8_t> pk(choice.prefers->bytes(t, rows, k));
+                            choice.prefers->pack(t, w.data(), row_bytes(t, k), rows, k, pk.data());
+                            for (const int64_t cut : {split, split / 16 * 16}) {
+                                std::vector<float> yp(y.size());
+                                MatmulArgs b = a;
+                                b.w = pk.data();
+                                b.w_layout = choice.prefers->layout;
+                                b.y = yp.data();
+                                b.row0 = 0;
+                                b.row1 = cut;
+                                if (cut > 0) fn(b);
+                                b.row0 = cut;
+                                b.row1 = rows;
+                                fn(b);
+                                check(std::memcmp(yp.data(), y.data(), y.size() * sizeof(float)) == 0,
+                                      "matmul/" + v.name + "/" + fmt + " on " + choice.prefers->name + "-packed weights differs from the rows (rows " +
+                                          std::to_string(rows) + ", k " + std::to_string(k) + ", m " + std::to_string(m) + ", cut " + std::to_string(cut) + ")");
+                            }
+                        }
                         std::vector<float> wrow(static_cast<size_t>(k));
                         for (int64_t tok = 0; tok < m; ++tok)
                             for (int64_t r = 0; r < rows; ++r) {

@@ -8,6 +8,8 @@ namespace evn {
 
 namespace {
 
+constexpr WeightUse kPrefill = WeightUse::kPrefillOnly;
+
 // Bounds far above any real vision tower (SigLIP at 512 px: 1024 patches, 3072-wide MLP) that
 // keep a crafted config from asking for gigabytes of activations.
 constexpr int64_t kMaxPatches = 1 << 16;
@@ -80,12 +82,20 @@ ClipVisionModel::ClipVisionModel(std::shared_ptr<const GGUFFile> file, int n_thr
                                     cfg_.n_embd * cfg_.scale_factor * cfg_.scale_factor})) {
     const GGUFFile& f = *file_;
     const int64_t d = cfg_.n_embd, ff = cfg_.n_ff, np = cfg_.n_patches(), pp = 3 * cfg_.patch_size * cfg_.patch_size;
-    patch_w_ = load_weight(f, "v.patch_embd.weight", pp, d);
+    // Every product of the tower is prefill (many patches): its weights have no decode kernel, so
+    // the prefill GEMM reads its own packed layout where it has one, and the file's rows of such a
+    // weight are released as soon as it is packed (as the text model does for its packed decode
+    // weights), so the rows and the copies never all sit in memory at once.
+    auto release = [&](Weight w) {
+        if (w.rows_unused()) f.release(w.data, static_cast<size_t>(w.rows) * w.row_bytes);
+        return w;
+    };
+    patch_w_ = release(load_weight(f, "v.patch_embd.weight", pp, d, kPrefill, &arena_));
     patch_b_ = load_vector(f, "v.patch_embd.bias", d);
     pos_embd_ = load_vector(f, "v.position_embd.weight", np * d);
     post_w_ = load_vector(f, "v.post_ln.weight", d);
     post_b_ = load_vector(f, "v.post_ln.bias", d);
-    proj_w_ = load_weight(f, "mm.model.fc.weight", d * cfg_.scale_factor * cfg_.scale_factor, cfg_.proj_dim);
+    proj_w_ = release(load_weight(f, "mm.model.fc.weight", d * cfg_.scale_factor * cfg_.scale_factor, cfg_.proj_dim, kPrefill, &arena_));
 
     // Some published mmproj files name fc1 ffn_down and fc2 ffn_up. The shapes tell which is
     // which: the up projection maps width -> ff (ne0 = width, ne1 = ff).
@@ -104,17 +114,17 @@ ClipVisionModel::ClipVisionModel(std::shared_ptr<const GGUFFile> file, int n_thr
         L.ln1_b = load_vector(f, p + "ln1.bias", d);
         L.ln2_w = load_vector(f, p + "ln2.weight", d);
         L.ln2_b = load_vector(f, p + "ln2.bias", d);
-        L.wq = load_weight(f, p + "attn_q.weight", d, d);
-        L.wk = load_weight(f, p + "attn_k.weight", d, d);
-        L.wv = load_weight(f, p + "attn_v.weight", d, d);
-        L.wo = load_weight(f, p + "attn_out.weight", d, d);
+        L.wq = release(load_weight(f, p + "attn_q.weight", d, d, kPrefill, &arena_));
+        L.wk = release(load_weight(f, p + "attn_k.weight", d, d, kPrefill, &arena_));
+        L.wv = release(load_weight(f, p + "attn_v.weight", d, d, kPrefill, &arena_));
+        L.wo = release(load_weight(f, p + "attn_out.weight", d, d, kPrefill, &arena_));
         L.bq = load_vector(f, p + "attn_q.bias", d);
         L.bk = load_vector(f, p + "attn_k.bias", d);
         L.bv = load_vector(f, p + "attn_v.bias", d);
         L.bo = load_vector(f, p + "attn_out.bias", d);
-        L.w_up = load_weight(f, p + up_name + ".weight", d, ff);
+        L.w_up = release(load_weight(f, p + up_name + ".weight", d, ff, kPrefill, &arena_));
         L.b_up = load_vector(f, p + up_name + ".bias", ff);
-        L.w_down = load_weight(f, p + down_name + ".weight", ff, d);
+        L.w_down = release(load_weight(f, p + down_name + ".weight", ff, d, kPrefill, &arena_));
         L.b_down = load_vector(f, p + down_name + ".bias", d);
     }
     auto alloc = [](std::vector<float>& v, int64_t n) { v.assign(static_cast<size_t>(n), 0.f); };

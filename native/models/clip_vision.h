@@ -46,6 +46,7 @@ private:
     std::shared_ptr<const GGUFFile> file_;
     ClipVisionConfig cfg_;
     Compute compute_;
+    PackArena arena_;  // the weights' packed copies (huge pages)
     Weight patch_w_, proj_w_;
     std::vector<float> patch_b_, pos_embd_, post_w_, post_b_;
     std::vector<Layer> layers_;

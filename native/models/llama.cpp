@@ -61,8 +61,8 @@ LlamaModel::LlamaModel(std::shared_ptr<const GGUFFile> file, int n_threads, int6
       compute_(n_threads, std::max(cfg_.n_embd, cfg_.n_ff)) {
     const GGUFFile& f = *file_;
     const int64_t d = cfg_.n_embd, qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), ff = cfg_.n_ff;
-    tok_embd_ = load_weight(f, "token_embd.weight", d, cfg_.n_vocab, &arena_);
-    output_ = cfg_.tied_output ? tok_embd_ : load_weight(f, "output.weight", d, cfg_.n_vocab, &arena_);
+    tok_embd_ = load_weight(f, "token_embd.weight", d, cfg_.n_vocab, WeightUse::kBoth, &arena_);
+    output_ = cfg_.tied_output ? tok_embd_ : load_weight(f, "output.weight", d, cfg_.n_vocab, WeightUse::kBoth, &arena_);
     output_norm_ = load_vector(f, "output_norm.weight", d);
     layers_.resize(static_cast<size_t>(cfg_.n_layer));
     for (int64_t l = 0; l < cfg_.n_layer; ++l) {
@@ -70,13 +70,13 @@ LlamaModel::LlamaModel(std::shared_ptr<const GGUFFile> file, int n_threads, int6
         Layer& L = layers_[static_cast<size_t>(l)];
         L.attn_norm = load_vector(f, p + "attn_norm.weight", d);
         L.ffn_norm = load_vector(f, p + "ffn_norm.weight", d);
-        L.wq = load_weight(f, p + "attn_q.weight", d, qd, &arena_);
-        L.wk = load_weight(f, p + "attn_k.weight", d, kvd, &arena_);
-        L.wv = load_weight(f, p + "attn_v.weight", d, kvd, &arena_);
-        L.wo = load_weight(f, p + "attn_output.weight", qd, d, &arena_);
-        L.w_gate = load_weight(f, p + "ffn_gate.weight", d, ff, &arena_);
-        L.w_up = load_weight(f, p + "ffn_up.weight", d, ff, &arena_);
-        L.w_down = load_weight(f, p + "ffn_down.weight", ff, d, &arena_);
+        L.wq = load_weight(f, p + "attn_q.weight", d, qd, WeightUse::kBoth, &arena_);
+        L.wk = load_weight(f, p + "attn_k.weight", d, kvd, WeightUse::kBoth, &arena_);
+        L.wv = load_weight(f, p + "attn_v.weight", d, kvd, WeightUse::kBoth, &arena_);
+        L.wo = load_weight(f, p + "attn_output.weight", qd, d, WeightUse::kBoth, &arena_);
+        L.w_gate = load_weight(f, p + "ffn_gate.weight", d, ff, WeightUse::kBoth, &arena_);
+        L.w_up = load_weight(f, p + "ffn_up.weight", d, ff, WeightUse::kBoth, &arena_);
+        L.w_down = load_weight(f, p + "ffn_down.weight", ff, d, WeightUse::kBoth, &arena_);
     }
     // Weights whose kernels both read a packed copy no longer need their rows in memory (the
     // token embeddings map single rows back in on lookup): ~the model's size less resident.
