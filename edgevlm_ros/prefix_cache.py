@@ -38,14 +38,12 @@ class PrefixCacheError(ValueError):
 
 
 def _file_identity(path: Path) -> bytes:
-    """Size plus hashes of the first and last MiB: a cheap identity of a large model file."""
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
+    """sha256 of the whole model file (size first): a model that differs anywhere, even in one
+    weight in the middle, never reuses another's cache. ~0.13 s per 100 MB at node start."""
+    h = hashlib.sha256(str(path.stat().st_size).encode())
     with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        if size > 2 << 20:
-            f.seek(-(1 << 20), os.SEEK_END)
-            h.update(f.read(1 << 20))
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
     return h.digest()
 
 

@@ -204,13 +204,14 @@ def test_stale_key(tmp_path: Path) -> None:
 
 def test_the_key_binds_model_tokens_and_engine_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = tmp_path / "model.gguf"
-    content = bytearray(np.random.default_rng(0).bytes(3 << 20))  # 3 MiB: first and last MiB hashed
+    content = bytearray(np.random.default_rng(0).bytes(3 << 20))  # 3 MiB: the whole file is hashed
     model.write_bytes(content)
     key = prefix_cache.cache_key(model, [1, 2, 3])
     assert key == prefix_cache.cache_key(model, [1, 2, 3])
     assert key != prefix_cache.cache_key(model, [1, 2, 4])
     assert key != prefix_cache.cache_key(model, [1, 2])
-    for offset in (100, len(content) - 100):  # a byte of the header, a byte of the last tensors
+    # A byte of the header, one in the middle (a weight of a same-size fine-tune), one of the last tensors.
+    for offset in (100, len(content) // 2, len(content) - 100):
         changed = bytearray(content)
         changed[offset] ^= 1
         model.write_bytes(changed)
