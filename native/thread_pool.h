@@ -34,6 +34,7 @@ public:
 
 private:
     void worker(int slot);
+    static void setup_worker(int slot);
     void work(int slot);
 
     int n_;
