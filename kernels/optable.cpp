@@ -32,6 +32,7 @@ void add_ref(float*, const float*, int64_t);
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
 void matmul_neon_q8act_dot_x8(const MatmulArgs&);
+void matmul_neon_q8act_i8mm(const MatmulArgs&);
 #endif
 #if defined(__x86_64__)
 void matmul_avx2(const MatmulArgs&);
@@ -113,6 +114,7 @@ const std::vector<Variant>& registry() {
         {"neon_f32act", matmul_neon_f32act, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
         {"neon_q8act_dot", matmul_neon_q8act_dot, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
         {"neon_q8act_dot_x8", matmul_neon_q8act_dot_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
+        {"neon_q8act_i8mm", matmul_neon_q8act_i8mm, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,i8mm"},
 #endif
 #if defined(__x86_64__)
         {"avx2_f32act", matmul_avx2, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},

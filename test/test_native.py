@@ -61,8 +61,8 @@ def _need_cross_tools() -> None:
 
 @pytest.mark.parametrize("cpu, expect_dotprod", [("max", True), ("cortex-a53", False)])
 def test_arm_kernel_variants_under_qemu(cpu: str, expect_dotprod: bool) -> None:
-    """NEON (and, where the emulated CPU has it, dotprod) variants against the reference.
-    cortex-a53 lacks dotprod: its variant must be skipped and the plain NEON one still checked."""
+    """NEON (and, where the emulated CPU has them, dotprod and i8mm) variants against the reference.
+    cortex-a53 lacks both: their variants must be skipped and the plain NEON one still checked."""
     _need_cross_tools()
     exe = _build("kernel_check-aarch64", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True),
                  compiler=CROSS, extra=("-static",))
@@ -70,6 +70,9 @@ def test_arm_kernel_variants_under_qemu(cpu: str, expect_dotprod: bool) -> None:
     assert "neon=1" in out
     assert (f"dotprod={int(expect_dotprod)}") in out
     assert ("skip matmul/neon_q8act_dot" in out) is not expect_dotprod
+    # qemu's "max" CPU has FEAT_I8MM too (the smmla variant runs); cortex-a53 has neither.
+    assert (f"i8mm={int(expect_dotprod)}") in out
+    assert ("skip matmul/neon_q8act_i8mm" in out) is not expect_dotprod
     print(cpu, out.splitlines()[-1])
 
 

@@ -2,7 +2,8 @@
 // then 4-accumulator FMA dots (any M). matmul_neon_q8act: decode with int8 activations, the
 // integer dot product of FEAT_DotProd (sdot: four int8 products summed into each int32 lane),
 // one float FMA per block, as the AVX2 maddubs kernel does on x86; matmul_neon_q8act_dot_x8, the
-// same on weights packed 8 rows interleaved (packed_x8.h). Built for baseline armv8-a;
+// same on weights packed 8 rows interleaved (packed_x8.h); matmul_neon_q8act_i8mm, two rows by two
+// tokens per smmla (FEAT_I8MM). Built for baseline armv8-a;
 // the dotprod function carries its own target and is picked only when HWCAP reports it.
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -175,6 +176,100 @@ void matmul_neon_q8act_dot(const MatmulArgs& a) {
         quantize_act(a.x + t * a.x_stride, a.k, yq);
         for (int64_t r = a.row0; r < a.row1; ++r)
             a.y[t * a.y_stride + r] = row_dot(a.wtype, base + static_cast<size_t>(r) * a.w_row_bytes, yq, nb);
+    }
+}
+
+// i8mm (FEAT_I8MM): smmla multiplies a 2 x 8 int8 matrix by an 8 x 2 one into a 2 x 2 int32 tile,
+// 32 products per instruction against sdot's 16. Two weight rows (8 consecutive elements of each,
+// from the file's rows) against two tokens' activations: per block of 32, 4 smmla per row pair
+// and token pair, then one float FMA for the 2 x 2 scales d_row * d_token. With an odd token
+// count the last token is paired with itself (half the products wasted), so it pays off from
+// m = 2 on (several tokens at once); one token is the sdot kernels' job.
+namespace {
+
+struct RowPair {  // the file's rows r and r + 1 (r + 1 may repeat r at an odd end)
+    const uint8_t* r0;
+    const uint8_t* r1;
+};
+
+// Unpacked int8 weights of one block of one row: 32 values in two registers.
+inline void block_q8(DType t, const uint8_t* blk, int8x16_t& lo, int8x16_t& hi) {
+    if (t == DType::Q8_0) {
+        lo = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2));
+        hi = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18));
+        return;
+    }
+    const uint8x16_t raw = vld1q_u8(blk + (t == DType::Q4_1 ? 4 : 2));
+    lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f)));  // elements 0..15
+    hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));                // elements 16..31
+    if (t == DType::Q4_0) {
+        lo = vsubq_s8(lo, vdupq_n_s8(8));
+        hi = vsubq_s8(hi, vdupq_n_s8(8));
+    }
+}
+
+// out[0..3] = (row0, tok0), (row0, tok1), (row1, tok0), (row1, tok1).
+__attribute__((target("arch=armv8.2-a+i8mm"))) void pair_dot(DType t, RowPair w, const BlockQ8A* y0, const BlockQ8A* y1,
+                                                           int64_t nb, float* out) {
+    const size_t bs = static_cast<size_t>(type_traits(t)->block_bytes);
+    float32x4_t acc = vdupq_n_f32(0.f);
+    float offs[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* b0 = w.r0 + static_cast<size_t>(b) * bs;
+        const uint8_t* b1 = w.r1 + static_cast<size_t>(b) * bs;
+        int8x16_t w0[2], w1[2];
+        block_q8(t, b0, w0[0], w0[1]);
+        block_q8(t, b1, w1[0], w1[1]);
+        const int8x16_t x0[2] = {vld1q_s8(y0[b].qs), vld1q_s8(y0[b].qs + 16)};
+        const int8x16_t x1[2] = {vld1q_s8(y1[b].qs), vld1q_s8(y1[b].qs + 16)};
+        int32x4_t p = vdupq_n_s32(0);
+        for (int h = 0; h < 2; ++h) {
+            // 8-element pieces: (row0 | row1) x (tok0 | tok1), for elements 16h + 0..7 and 16h + 8..15.
+            p = vmmlaq_s32(p, vcombine_s8(vget_low_s8(w0[h]), vget_low_s8(w1[h])),
+                           vcombine_s8(vget_low_s8(x0[h]), vget_low_s8(x1[h])));
+            p = vmmlaq_s32(p, vcombine_s8(vget_high_s8(w0[h]), vget_high_s8(w1[h])),
+                           vcombine_s8(vget_high_s8(x0[h]), vget_high_s8(x1[h])));
+        }
+        const float d0 = fp16_to_fp32(load_u16(b0)), d1 = fp16_to_fp32(load_u16(b1));
+        const float scale[4] = {d0 * y0[b].d, d0 * y1[b].d, d1 * y0[b].d, d1 * y1[b].d};
+        acc = vfmaq_f32(acc, vcvtq_f32_s32(p), vld1q_f32(scale));
+        if (t == DType::Q4_1) {
+            const float m0 = fp16_to_fp32(load_u16(b0 + 2)), m1 = fp16_to_fp32(load_u16(b1 + 2));
+            offs[0] += m0 * y0[b].s;
+            offs[1] += m0 * y1[b].s;
+            offs[2] += m1 * y0[b].s;
+            offs[3] += m1 * y1[b].s;
+        }
+    }
+    vst1q_f32(out, vaddq_f32(acc, vld1q_f32(offs)));
+}
+
+}  // namespace
+
+// Rows in pairs, tokens in pairs; scratch holds the activation blocks of up to two tokens.
+__attribute__((target("arch=armv8.2-a+i8mm"))) void matmul_neon_q8act_i8mm(const MatmulArgs& a) {
+    const int64_t nb = a.k / kQK;
+    BlockQ8A* yq0 = reinterpret_cast<BlockQ8A*>(a.scratch);
+    BlockQ8A* yq1 = yq0 + nb;  // 2 x (k / 32) blocks of 40 bytes fit in the scratch's 5 x k floats
+    const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    for (int64_t t = 0; t < a.m; t += 2) {
+        const bool two = t + 1 < a.m;
+        quantize_act(a.x + t * a.x_stride, a.k, yq0);
+        if (two) quantize_act(a.x + (t + 1) * a.x_stride, a.k, yq1);
+        const BlockQ8A* y1 = two ? yq1 : yq0;
+        for (int64_t r = a.row0; r < a.row1; r += 2) {
+            const bool pair = r + 1 < a.row1;
+            const RowPair w{base + static_cast<size_t>(r) * a.w_row_bytes,
+                            base + static_cast<size_t>(pair ? r + 1 : r) * a.w_row_bytes};
+            float out[4];
+            pair_dot(a.wtype, w, yq0, y1, nb, out);
+            a.y[t * a.y_stride + r] = out[0];
+            if (two) a.y[(t + 1) * a.y_stride + r] = out[1];
+            if (pair) {
+                a.y[t * a.y_stride + r + 1] = out[2];
+                if (two) a.y[(t + 1) * a.y_stride + r + 1] = out[3];
+            }
+        }
     }
 }
 
