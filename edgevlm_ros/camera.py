@@ -15,7 +15,8 @@ Topics (relative, so `--ros-args -r __ns:=/robot1` or a remap moves them; `--top
   image          sensor_msgs/Image, encoding rgb8, header.stamp = the node clock when the frame was
                  taken (so `use_sim_time` works), header.frame_id = `--frame-id` (default "camera").
                  QoS: best effort, keep last 1 (`--reliable`, `--depth` change it).
-  image/caption  std_msgs/String, scenes only, one per frame, reliable keep-last 10: a JSON object
+  image/caption  std_msgs/String, scenes only, one per frame, reliable, transient local, keep-last
+                 100 (a subscriber that joins late gets the recent ones): a JSON object
                  {"stamp": {"sec", "nanosec"}, "frame_id", "index", "seed", "width", "height",
                  "caption"} whose stamp equals the image's. A subscriber joins the two on the stamp
                  and can rebuild the whole scene (to score a description) with `scene_from_caption()`.
@@ -235,6 +236,8 @@ def open_source(spec: str, *, seed: int = DEFAULT_SEED, size: tuple[int, int] | 
 
 
 # -- the caption message ------------------------------------------------------------------------------
+CAPTION_DEPTH = 100  # image/caption history kept for late subscribers (transient local)
+
 
 
 def caption_message(scene: Scene, sec: int, nanosec: int, frame_id: str) -> str:
@@ -320,7 +323,7 @@ class _Stats:
 def _publish_loop(node: Any, source: FrameSource, args: argparse.Namespace, stats: _Stats) -> None:
     """Publishes frames at args.rate until the source ends, args.frames are out, or shutdown."""
     import rclpy
-    from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+    from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import Image
     from std_msgs.msg import String
 
@@ -331,8 +334,11 @@ def _publish_loop(node: Any, source: FrameSource, args: argparse.Namespace, stat
     caption_pub = None
     if isinstance(source, SceneSource):
         caption_topic = args.caption_topic or f"{args.topic}/caption"
+        # Transient local: a monitor that joins late (slow discovery on a busy machine) still gets
+        # the ground truth of the frames published before it matched.
         caption_pub = node.create_publisher(String, caption_topic, QoSProfile(
-            history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE))
+            history=HistoryPolicy.KEEP_LAST, depth=CAPTION_DEPTH, reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL))
     deadline = time.monotonic() + 60.0
     waits = [(image_pub, args.wait_subscribers)]
     if caption_pub is not None:

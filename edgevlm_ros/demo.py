@@ -52,13 +52,16 @@ class DemoStats:
     counts_right: int = 0
     exact: int = 0
     unmatched: int = 0  # descriptions whose ground truth never arrived
+    pending: dict[tuple[int, int], str] = field(default_factory=dict)  # stamp -> text, truth not yet here
     latency: dict[str, LatencyWindow] = field(default_factory=lambda: {s: LatencyWindow(10_000) for s in STAGES})
     counters: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        n = max(self.described - self.unmatched, 1)
+        unmatched = self.unmatched + len(self.pending)
+        n = max(self.described - unmatched, 1)
         return {
             "frames_described": self.described,
+            "frames_unmatched": unmatched,
             "objects_fully_right": self.objects_right / max(self.objects, 1),
             "count_right": self.counts_right / n,
             "exact_captions": self.exact / n,
@@ -130,10 +133,10 @@ def run_demo(args: argparse.Namespace) -> int:
     import rclpy
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.executors import ExternalShutdownException
-    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
 
-    from .camera import scene_from_caption
+    from .camera import CAPTION_DEPTH, scene_from_caption
     from .scenes import score
 
     stats = DemoStats()
@@ -143,11 +146,24 @@ def run_demo(args: argparse.Namespace) -> int:
     rclpy.init()
     node = rclpy.create_node("edgevlm_demo_monitor")
 
+    def scored(text: str, scene: Any) -> str:
+        sc = score(text, scene)
+        stats.objects += sc.count_true
+        stats.objects_right += sc.n_right
+        stats.counts_right += int(sc.count_right)
+        stats.exact += int(sc.exact)
+        return f"objects {sc.n_right}/{sc.count_true} count {'ok' if sc.count_right else 'WRONG'}"
+
     def on_caption(msg: String) -> None:
         stamp, scene = scene_from_caption(msg.data)
         truths[stamp] = scene
         if len(truths) > 500:  # keep the recent ground truth only
             del truths[next(iter(truths))]
+        text = stats.pending.pop(stamp, None)
+        if text is not None:  # described before its ground truth got here (a late match)
+            verdict = scored(text, scene)
+            if not args.json:
+                print(f"       (late ground truth) {scene.caption!r} {verdict}", flush=True)
 
     def on_diagnostics(msg: DiagnosticArray) -> None:
         for status in msg.status:
@@ -160,22 +176,23 @@ def run_demo(args: argparse.Namespace) -> int:
             ms = {s: float(values.get(f"{s}_ms", "nan")) for s in STAGES}
             for s in STAGES:
                 stats.latency[s].add(ms[s])
-            scene = truths.get((msg.header.stamp.sec, msg.header.stamp.nanosec))
+            stamp = (msg.header.stamp.sec, msg.header.stamp.nanosec)
+            scene = truths.get(stamp)
             if scene is None:
-                stats.unmatched += 1
-                verdict = "(no ground truth)"
+                stats.pending[stamp] = values["text"]
+                if len(stats.pending) > 500:  # never coming: count it as unmatched
+                    del stats.pending[next(iter(stats.pending))]
+                    stats.unmatched += 1
+                verdict = "(ground truth not here yet)"
             else:
-                sc = score(values["text"], scene)
-                stats.objects += sc.count_true
-                stats.objects_right += sc.n_right
-                stats.counts_right += int(sc.count_right)
-                stats.exact += int(sc.exact)
-                verdict = f"objects {sc.n_right}/{sc.count_true} count {'ok' if sc.count_right else 'WRONG'}"
+                verdict = scored(values["text"], scene)
             if not args.json:
                 print(_line(stats, values["text"], scene.caption if scene else None, verdict, ms), flush=True)
 
-    node.create_subscription(String, "image/caption", on_caption, QoSProfile(depth=50,
-                             reliability=ReliabilityPolicy.RELIABLE))
+    # Transient local, as the camera publishes it: the ground truth of frames published before this
+    # monitor matched (the children start first) still arrives.
+    node.create_subscription(String, "image/caption", on_caption, QoSProfile(
+        depth=CAPTION_DEPTH, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL))
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 50)
     if not args.json:
         print(f"edgevlm demo: camera at {args.rate} fps -> node ({text_model.name} + {DEMO_MMPROJ_PATH.name}); "
@@ -210,7 +227,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         lat = ", ".join(f"{s} p50 {v['p50']:.0f} / p99 {v['p99']:.0f} ms" for s, v in summary["latency_ms"].items())
-        print(f"\nsummary: {stats.described} frames described; objects fully right "
+        print(f"\nsummary: {stats.described} frames described ({summary['frames_unmatched']} without ground "
+              f"truth); objects fully right "
               f"{summary['objects_fully_right']:.1%}, count right {summary['count_right']:.1%}; {lat}; "
               f"node counters {summary['node_counters']}")
     return code

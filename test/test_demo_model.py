@@ -383,6 +383,9 @@ def test_demo_command_describes_frames_and_summarises(demo_text: Path, tmp_path:
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["frames_described"] >= frames
+    # The ground truth of every described frame reached the monitor (transient local captions: even
+    # of frames published before the monitor matched; a CI run under load once lost all four).
+    assert summary["frames_unmatched"] == 0, summary
     # Every described frame was matched with its ground truth and scored; the model is the real one.
     assert summary["objects_fully_right"] >= 0.5 and summary["count_right"] >= 0.5, summary
     assert set(summary["latency_ms"]) >= {"preprocess", "vision", "prefill", "decode", "total"}
