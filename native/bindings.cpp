@@ -191,7 +191,7 @@ PYBIND11_MODULE(_engine, m) {
                                                 bool prefill_only) {
         const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, 1, prefill_only);
         const evk::MatmulChoice& c = kc.phase == evk::kDecode ? kc.w.decode : kc.w.prefill;
-        return std::string(kc.w.reads_packed(c) ? kc.w.packed_name : "rows");
+        return std::string(kc.w.reads_packed(c) ? kc.w.packed_as->name : "rows");
     }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
        py::arg("prefill_only") = false, "The weight layout kernel_matmul's product reads: 'rows' or a packing's name.");
     m.def("kernel_matmul_seconds", [kernel_case](const std::string& variant, const std::string& wtype,

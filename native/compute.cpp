@@ -66,10 +66,10 @@ void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice, Pa
     if (!want && choice.prefers && !other.packing && choice.prefers->bytes(w.type, w.rows, w.cols) != 0 &&
         (!other.fn || Weight::reads_layout(other, choice.prefers->layout)))
         want = choice.prefers;
-    if (want && (!w.packed || w.packed_layout != want->layout)) {
+    if (want && (!w.packed || w.packed_layout() != want->layout)) {
         const evk::MatmulPacking& p = *want;
         if (w.packed && other.packing)
-            throw std::invalid_argument(std::string("weight already packed as '") + w.packed_name + "', not '" + p.name + "'");
+            throw std::invalid_argument(std::string("weight already packed as '") + w.packed_as->name + "', not '" + p.name + "'");
         const size_t n = p.bytes(w.type, w.rows, w.cols);
         if (n == 0) throw std::invalid_argument(std::string("no '") + p.name + "' layout for this weight");
         std::shared_ptr<uint8_t> buf;
@@ -82,18 +82,14 @@ void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice, Pa
         }
         p.pack(w.type, w.data, w.row_bytes, w.rows, w.cols, buf.get());
         w.packed = std::move(buf);
-        w.packed_layout = p.layout;
-        w.packed_name = p.name;
-        w.packed_bytes = n;
+        w.packed_as = &p;
     }
     (phase == evk::kDecode ? w.decode : w.prefill) = choice;
     // Keep the copy while a kernel needs it, or while every phase with a kernel reads it (then the
     // rows may go); otherwise it would be a second copy next to the rows something still reads.
     if (w.packed && !w.decode.packing && !w.prefill.packing && !w.rows_unused()) {
         w.packed.reset();
-        w.packed_layout = evk::WLayout::kRows;
-        w.packed_name = "";
-        w.packed_bytes = 0;
+        w.packed_as = nullptr;
     }
 }
 
@@ -143,7 +139,7 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         Plan& p = plans[i];
         p.fn = c.fn;
         p.data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
-        p.layout = packed ? w.packed_layout : evk::WLayout::kRows;
+        p.layout = packed ? w.packed_layout() : evk::WLayout::kRows;
         // Chunks of rows (multiples of 16, so packed groups of 8 or 16 are never split): enough of
         // them that a descheduled thread's share is picked up by another. In prefill, multiples of
         // 48 (the GEMM's panel), or the whole weight when it has fewer than 96 rows (attention's

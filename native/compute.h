@@ -27,16 +27,15 @@ struct Weight {
     size_t row_bytes = 0;
     evk::MatmulChoice decode{nullptr, ""}, prefill{nullptr, ""};  // fn nullptr: no kernel for that phase
     std::shared_ptr<const uint8_t> packed;
-    evk::WLayout packed_layout = evk::WLayout::kRows;
-    const char* packed_name = "";
-    size_t packed_bytes = 0;
+    const evk::MatmulPacking* packed_as = nullptr;  // the layout of `packed` (nullptr with no copy)
 
     // Whether a kernel of choice c reads layout l (packed: its own, or one it also reads or prefers).
     static bool reads_layout(const evk::MatmulChoice& c, evk::WLayout l) {
         if (l == evk::WLayout::kRows) return false;
         return c.packing ? c.packing->layout == l : c.also_reads == l || (c.prefers && c.prefers->layout == l);
     }
-    bool reads_packed(const evk::MatmulChoice& c) const { return packed && reads_layout(c, packed_layout); }
+    evk::WLayout packed_layout() const { return packed_as ? packed_as->layout : evk::WLayout::kRows; }
+    bool reads_packed(const evk::MatmulChoice& c) const { return packed && reads_layout(c, packed_layout()); }
     // Every phase with a kernel reads the packed copy: the file's rows are needed for nothing but
     // embedding lookups.
     bool rows_unused() const {
