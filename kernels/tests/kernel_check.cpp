@@ -103,64 +103,55 @@ int main() {
                         const std::vector<uint8_t> w = make_weights(t, rows, k, rng);
                         std::vector<float> x(static_cast<size_t>(m * k));
                         for (float& e : x) e = nd(rng);
-                        std::vector<float> y_ref(static_cast<size_t>(m * rows)), y(static_cast<size_t>(m * rows));
+                        std::vector<float> y_ref(static_cast<size_t>(m * rows));
                         std::vector<float> scratch(static_cast<size_t>(kMatmulScratchRows * k));
                         MatmulArgs a{w.data(), t, row_bytes(t, k), k, 0, rows, x.data(), k, y_ref.data(), rows, m, scratch.data()};
                         matmul_ref(a);
-                        // A variant with a layout of its own reads the weights packed into it.
-                        std::vector<uint8_t> packed;
-                        if (choice.packing) {
-                            packed.resize(choice.packing->bytes(t, rows, k));
-                            choice.packing->pack(t, w.data(), row_bytes(t, k), rows, k, packed.data());
-                            a.w = packed.data();
-                        }
-                        // Run the variant over two row ranges, as the thread pool would.
-                        const int64_t split = rows / 2;
-                        a.y = y.data();
-                        a.row1 = split;
-                        if (split > 0) fn(a);
-                        a.row0 = split;
-                        a.row1 = rows;
-                        fn(a);
-                        // A row-reading variant that also reads the x8 layout must give the same bits from it.
-                        if (choice.also_reads == WLayout::kX8 && x8_packed_bytes(t, rows, k) > 0) {
-                            std::vector<uint8_t> x8(x8_packed_bytes(t, rows, k));
-                            x8_pack(t, w.data(), row_bytes(t, k), rows, k, x8.data());
-                            std::vector<float> y8(y.size());
+                        // The variant over two row ranges split at `cut`, as the thread pool would,
+                        // reading `wdata` in `layout`.
+                        auto run_split = [&](const void* wdata, WLayout layout, int64_t cut) {
+                            std::vector<float> out(static_cast<size_t>(m * rows));
                             MatmulArgs b = a;
-                            b.w = x8.data();
-                            b.w_layout = WLayout::kX8;
-                            b.y = y8.data();
-                            b.row0 = 0;
-                            b.row1 = split;
-                            if (split > 0) fn(b);
-                            b.row0 = split;
+                            b.w = wdata;
+                            b.w_layout = layout;
+                            b.y = out.data();
+                            b.row1 = cut;
+                            if (cut > 0) fn(b);
+                            b.row0 = cut;
                             b.row1 = rows;
                             fn(b);
-                            check(std::memcmp(y8.data(), y.data(), y.size() * sizeof(float)) == 0,
+                            return out;
+                        };
+                        // The weights packed into a layout (bytes and pack as in MatmulPacking).
+                        auto packed_into = [&](size_t (*bytes)(DType, int64_t, int64_t),
+                                               void (*pack)(DType, const void*, size_t, int64_t, int64_t, void*)) {
+                            std::vector<uint8_t> out(bytes(t, rows, k));
+                            pack(t, w.data(), row_bytes(t, k), rows, k, out.data());
+                            return out;
+                        };
+                        const int64_t split = rows / 2;
+                        // A variant with a layout of its own reads the weights packed into it.
+                        std::vector<uint8_t> own;
+                        if (choice.packing) own = packed_into(choice.packing->bytes, choice.packing->pack);
+                        const std::vector<float> y = choice.packing ? run_split(own.data(), choice.packing->layout, split)
+                                                                    : run_split(w.data(), WLayout::kRows, split);
+                        auto same_bits = [&](const std::vector<float>& other) {
+                            return std::memcmp(other.data(), y.data(), y.size() * sizeof(float)) == 0;
+                        };
+                        // A row-reading variant that also reads the x8 layout must give the same bits from it.
+                        if (choice.also_reads == WLayout::kX8 && x8_packed_bytes(t, rows, k) > 0) {
+                            const std::vector<uint8_t> x8 = packed_into(x8_packed_bytes, x8_pack);
+                            check(same_bits(run_split(x8.data(), WLayout::kX8, split)),
                                   "matmul/" + v.name + "/" + fmt + " on x8-packed weights differs from the rows");
                         }
                         // A layout the variant prefers (p16) must give the same bits as the rows, for
                         // ranges starting at a multiple of 16 (the runtime's chunks) and anywhere else.
                         if (choice.prefers && choice.prefers->bytes(t, rows, k) > 0) {
-                            std::vector<uint8_t> pk(choice.prefers->bytes(t, rows, k));
-                            choice.prefers->pack(t, w.data(), row_bytes(t, k), rows, k, pk.data());
-                            for (const int64_t cut : {split, split / 16 * 16}) {
-                                std::vector<float> yp(y.size());
-                                MatmulArgs b = a;
-                                b.w = pk.data();
-                                b.w_layout = choice.prefers->layout;
-                                b.y = yp.data();
-                                b.row0 = 0;
-                                b.row1 = cut;
-                                if (cut > 0) fn(b);
-                                b.row0 = cut;
-                                b.row1 = rows;
-                                fn(b);
-                                check(std::memcmp(yp.data(), y.data(), y.size() * sizeof(float)) == 0,
+                            const std::vector<uint8_t> pk = packed_into(choice.prefers->bytes, choice.prefers->pack);
+                            for (const int64_t cut : {split, split / 16 * 16})
+                                check(same_bits(run_split(pk.data(), choice.prefers->layout, cut)),
                                       "matmul/" + v.name + "/" + fmt + " on " + choice.prefers->name + "-packed weights differs from the rows (rows " +
                                           std::to_string(rows) + ", k " + std::to_string(k) + ", m " + std::to_string(m) + ", cut " + std::to_string(cut) + ")");
-                            }
                         }
                         std::vector<float> wrow(static_cast<size_t>(k));
                         for (int64_t tok = 0; tok < m; ++tok)
