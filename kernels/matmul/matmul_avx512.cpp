@@ -55,6 +55,23 @@ EV_AVX512 inline __mmask16 tail_mask(int64_t n) {  // the first min(n, 16) lanes
     return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
+// Elements e..e+15 of one quantized block, from its 16 quant bytes (Q8_0: the half holding them;
+// Q4: the whole block, element i in byte i % 16's low nibble, i + 16 in its high one), its scale d
+// and (Q4_1) offset mn. load16 and load16_x8 both expand through this, so the file's rows and the
+// packed copy give the same floats, bit for bit.
+template <DType T>
+EV_AVX512 inline __m512 expand16(__m128i raw, float d, float mn, int64_t e) {
+    if constexpr (T == DType::Q8_0) {
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)), _mm512_set1_ps(d));
+    } else {
+        const __m128i q = (e & 16) ? _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))
+                                   : _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+        const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+        if constexpr (T == DType::Q4_0) return _mm512_mul_ps(_mm512_sub_ps(qf, _mm512_set1_ps(8.f)), _mm512_set1_ps(d));
+        return _mm512_fmadd_ps(qf, _mm512_set1_ps(d), _mm512_set1_ps(mn));
+    }
+}
+
 // 16 elements [e, e + 16) of one weight row as floats; lanes at or past k are 0. For the block
 // formats e is a multiple of 16 and k of 32 (a whole block's half is always present).
 template <DType T>
@@ -69,29 +86,16 @@ EV_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, int64_t k) {
         const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, row + 2 * e));
         return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
     }
-    case DType::Q4_0: {
-        const uint8_t* blk = row + (e / kQK) * sizeof(BlockQ4_0);
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ4_0, qs)));
-        const __m128i q = (e & 16) ? _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))
-                                   : _mm_and_si128(raw, _mm_set1_epi8(0x0f));
-        const __m512 d = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_0, d))));
-        const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
-        return _mm512_mul_ps(_mm512_sub_ps(qf, _mm512_set1_ps(8.f)), d);
-    }
-    case DType::Q4_1: {
-        const uint8_t* blk = row + (e / kQK) * sizeof(BlockQ4_1);
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ4_1, qs)));
-        const __m128i q = (e & 16) ? _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))
-                                   : _mm_and_si128(raw, _mm_set1_epi8(0x0f));
-        const __m512 d = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_1, d))));
-        const __m512 mn = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ4_1, m))));
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), d, mn);
-    }
+    case DType::Q4_0:
+    case DType::Q4_1:
     case DType::Q8_0: {
-        const uint8_t* blk = row + (e / kQK) * sizeof(BlockQ8_0);
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ8_0, qs) + (e & 16)));
-        const __m512 d = _mm512_set1_ps(half_to_float(load_u16(blk + offsetof(BlockQ8_0, d))));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+        constexpr size_t kBlock = T == DType::Q8_0 ? sizeof(BlockQ8_0) : T == DType::Q4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+        const uint8_t* blk = row + (e / kQK) * kBlock;
+        // Q8_0: this half's 16 quants; Q4: the block's 16 quant bytes (d, then m for Q4_1, first).
+        const size_t qs = T == DType::Q8_0 ? 2 + (e & 16) : T == DType::Q4_1 ? 4 : 2;
+        const float mn = T == DType::Q4_1 ? half_to_float(load_u16(blk + 2)) : 0.f;
+        return expand16<T>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs)), half_to_float(load_u16(blk)),
+                           mn, e);
     }
     default:
         return _mm512_setzero_ps();  // not registered for other formats
@@ -100,7 +104,7 @@ EV_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, int64_t k) {
 
 // The same 16 elements of row `row` of a weight packed in the x8 layout (packed_x8.h): the block's
 // 16 quant bytes (Q8_0: of this half) are 4 dwords, one per 32-byte vector, put back in the file's
-// order, then expanded exactly as load16 does (the same values, bit for bit).
+// order, then expanded by expand16 as load16's are.
 template <DType T>
 EV_AVX512 inline __m512 load16_x8(const uint8_t* packed, int64_t row, int64_t e, int64_t k) {
     const int64_t nb = k / kQK, r = row % kPackRows, b = e / kQK;
@@ -111,19 +115,12 @@ EV_AVX512 inline __m512 load16_x8(const uint8_t* packed, int64_t row, int64_t e,
         std::memcpy(&v, blk + off, 4);
         return v;
     };
-    if constexpr (T == DType::Q8_0) {
-        const size_t v0 = 16 + 32 * ((e & 16) / 4) + 4 * r;
-        const __m128i q = _mm_setr_epi32(dword(v0), dword(v0 + 32), dword(v0 + 64), dword(v0 + 96));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(d));
-    } else {
-        const size_t v0 = (T == DType::Q4_1 ? 32 : 16) + 4 * r;
-        const __m128i raw = _mm_setr_epi32(dword(v0), dword(v0 + 32), dword(v0 + 64), dword(v0 + 96));
-        const __m128i q = (e & 16) ? _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))
-                                   : _mm_and_si128(raw, _mm_set1_epi8(0x0f));
-        const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
-        if constexpr (T == DType::Q4_0) return _mm512_mul_ps(_mm512_sub_ps(qf, _mm512_set1_ps(8.f)), _mm512_set1_ps(d));
-        return _mm512_fmadd_ps(qf, _mm512_set1_ps(d), _mm512_set1_ps(half_to_float(load_u16(blk + 16 + 2 * r))));
-    }
+    // The 4 dwords of this row in 4 consecutive 32-byte vectors: Q8_0 vectors 0..3 or 4..7 (the
+    // half), Q4 vectors 0..3 after the scales.
+    const size_t v0 = (T == DType::Q8_0 ? 16 + 32 * ((e & 16) / 4) : T == DType::Q4_1 ? 32 : 16) + 4 * r;
+    const __m128i raw = _mm_setr_epi32(dword(v0), dword(v0 + 32), dword(v0 + 64), dword(v0 + 96));
+    const float mn = T == DType::Q4_1 ? half_to_float(load_u16(blk + 16 + 2 * r)) : 0.f;
+    return expand16<T>(raw, d, mn, e);
 }
 
 // In place: r[j] (16 floats each) becomes column j of the 16 x 16 matrix whose rows were r[0..16).
