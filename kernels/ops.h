@@ -18,6 +18,8 @@ enum class WLayout : uint8_t { kRows = 0, kX8 = 1, kP16 = 2 };
 // y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m).
 // W rows are k elements of wtype, w_row_bytes apart (w_layout kRows), or the whole weight packed
 // in w_layout. scratch holds at least kMatmulScratchRows * k floats, private to the calling thread.
+// A variant with an activation format of its own (MatmulChoice::act) reads x converted once per
+// product by the caller: xp is token 0 of this call, xp_stride bytes between tokens; x stays set.
 struct MatmulArgs {
     const void* w;
     DType wtype;
@@ -31,6 +33,8 @@ struct MatmulArgs {
     int64_t m;
     float* scratch;
     WLayout w_layout = WLayout::kRows;
+    const uint8_t* xp = nullptr;
+    int64_t xp_stride = 0;
 };
 using MatmulFn = void (*)(const MatmulArgs&);
 // 4 rows of a panel + 1 for a row unpacked from a packed layout to the file's bytes.
@@ -86,6 +90,9 @@ struct OpTable {
 struct CpuFeatures {
     bool avx2 = false, fma = false, f16c = false, avx512f = false, avx512bw = false, avx512vl = false;
     bool avxvnni = false;
+    // AVX512-BF16, and AMX tiles with BF16 products that the OS lets this process use (Linux asks
+    // for the tile state with arch_prctl once).
+    bool avx512bf16 = false, amx_bf16 = false;
     bool neon = false, dotprod = false, i8mm = false;
 };
 CpuFeatures detect_cpu_features();
@@ -105,6 +112,21 @@ struct MatmulPacking {
     void (*pack)(DType t, const void* src, size_t src_row_bytes, int64_t rows, int64_t k, void* dst);
 };
 
+// Activations converted once per product, for a variant whose arithmetic does not read floats (the
+// AMX GEMM's bf16 pairs): prep writes tokens [t0, t1) of x (m tokens, x_stride floats apart, k
+// each; tokens at or past m are written as zeros) into dst, row_bytes(k) per token. The caller pads
+// the tokens to a multiple of `pad_tokens` (bytes() is the size for m tokens, padding included) and
+// runs prep over token ranges in parallel.
+struct ActPrep {
+    const char* name;
+    int64_t pad_tokens;
+    size_t (*row_bytes)(int64_t k);
+    void (*prep)(const float* x, int64_t x_stride, int64_t m, int64_t k, int64_t t0, int64_t t1, void* dst);
+    size_t bytes(int64_t m, int64_t k) const {
+        return static_cast<size_t>((m + pad_tokens - 1) / pad_tokens * pad_tokens) * row_bytes(k);
+    }
+};
+
 // also_reads: a variant that reads the file's rows but, given MatmulArgs::w_layout, also that
 // packed layout (the prefill GEMM dequantizing x8 rows): a weight packed for decode then serves
 // prefill from the same copy, and its rows in the file need not stay in memory.
@@ -117,6 +139,8 @@ struct MatmulChoice {
     const MatmulPacking* packing = nullptr;
     WLayout also_reads = WLayout::kRows;
     const MatmulPacking* prefers = nullptr;
+    const ActPrep* act = nullptr;  // nullptr: the kernel reads x as floats
+    int64_t panel_rows = 48;       // prefill: rows a call works through at a time (the runtime's chunks are multiples)
 };
 struct AttentionChoice { AttentionFn fn; const char* name; };
 // The variant the active operator table picks (the first matching rule that runs on this CPU).

@@ -10,6 +10,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -41,13 +45,34 @@ void matmul_avx2_q8act(const MatmulArgs&);
 void matmul_avx2_q8act_x8(const MatmulArgs&);
 void matmul_avxvnni_q8act_x8(const MatmulArgs&);
 void matmul_avx512_gemm(const MatmulArgs&);
+void matmul_amx_gemm(const MatmulArgs&);
+extern const ActPrep kActBf16x2;
 void attention_avx2(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
 void gelu_tanh_avx2(float*, int64_t);
 void silu_mul_avx2(float*, const float*, int64_t);
 #endif
 
-CpuFeatures detect_cpu_features() {
+namespace {
+
+#if defined(__x86_64__)
+// AMX with BF16 products, usable by this process: CPUID leaf 7 EDX bits 22 (AMX-BF16) and 24
+// (AMX-TILE), the OS enabling the tile state in XCR0 (bits 17, 18), and Linux granting this process
+// the tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; once per process, threads
+// included). Without the grant the first tile instruction would kill the process.
+bool amx_bf16_usable() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 22)) || !(edx & (1u << 24))) return false;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE: xgetbv works
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+#endif
+
+CpuFeatures probe_cpu_features() {
     CpuFeatures f;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -61,12 +86,24 @@ CpuFeatures detect_cpu_features() {
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C; GCC 12 cannot query it by name
+    // AVX512-BF16: CPUID leaf 7 sub-leaf 1, EAX bit 5 (its ZMM state is AVX-512's).
+    f.avx512bf16 = f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+#if defined(__x86_64__)
+    f.amx_bf16 = f.avx512bf16 && amx_bf16_usable();
+#endif
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory in armv8-a
     const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
     f.dotprod = (hw & (1ul << 20)) != 0;  // HWCAP_ASIMDDP
     f.i8mm = (hw2 & (1ul << 13)) != 0;    // HWCAP2_I8MM
 #endif
+    return f;
+}
+
+}  // namespace
+
+CpuFeatures detect_cpu_features() {
+    static const CpuFeatures f = probe_cpu_features();
     return f;
 }
 
@@ -100,7 +137,10 @@ struct Variant {
     const MatmulPacking* packing = nullptr;  // matmul only: the weight layout it reads, if not the file's
     WLayout also_reads = WLayout::kRows;     // matmul only: a packed layout it reads besides the rows
     const MatmulPacking* prefers = nullptr;  // matmul only: a layout it reads faster, not needed (MatmulChoice)
+    const ActPrep* act = nullptr;            // matmul only: activations converted once per product (MatmulChoice)
+    int64_t panel_rows = 48;                 // matmul only: rows a prefill call works through at a time
     const char* op() const { return fn.op; }
+    MatmulChoice choice() const { return {fn.matmul, name, packing, also_reads, prefers, act, panel_rows}; }
 };
 
 const std::vector<Variant>& registry() {
@@ -122,6 +162,8 @@ const std::vector<Variant>& registry() {
          nullptr, WLayout::kX8},
         {"avx512_gemm", matmul_avx512_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx512f,avx512bw,avx512vl,fma,f16c",
          nullptr, WLayout::kX8, &kPackP16},
+        {"amx_gemm", matmul_amx_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0},
+         "amxbf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c", nullptr, WLayout::kX8, &kPackP16, &kActBf16x2, 32},
         {"avx2_q8act", matmul_avx2_q8act, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {"avx2_q8act_x8", matmul_avx2_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
         {"avxvnni_q8act_x8", matmul_avxvnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
@@ -147,7 +189,8 @@ bool has_features(const CpuFeatures& f, const std::string& list) {
     while (std::getline(ss, item, ',')) {
         const bool ok = item == "avx2" ? f.avx2 : item == "fma" ? f.fma : item == "f16c" ? f.f16c
                       : item == "avx512f" ? f.avx512f : item == "avx512bw" ? f.avx512bw
-                      : item == "avx512vl" ? f.avx512vl : item == "avxvnni" ? f.avxvnni : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
+                      : item == "avx512vl" ? f.avx512vl : item == "avxvnni" ? f.avxvnni : item == "avx512bf16" ? f.avx512bf16
+                      : item == "amxbf16" ? f.amx_bf16 : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
                       : item == "i8mm" ? f.i8mm : false;
         if (!ok) return false;
     }
@@ -279,7 +322,7 @@ MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k) {
             (r.phase != "*" && r.phase != phase_name) || !shape_matches(r.shape, rows, k) || !has_features(f, r.features))
             continue;
         const Variant* v = find_variant("matmul", r.variant);
-        if (v && supports(*v, t) && has_features(f, v->needs)) return {v->fn.matmul, v->name, v->packing, v->also_reads, v->prefers};
+        if (v && supports(*v, t) && has_features(f, v->needs)) return v->choice();
     }
     return {matmul_ref, "ref"};
 }
@@ -326,7 +369,7 @@ MatmulFn matmul_variant(const std::string& name) {
 
 MatmulChoice matmul_choice(const std::string& name) {
     const Variant* v = runnable("matmul", name);
-    return v ? MatmulChoice{v->fn.matmul, v->name, v->packing, v->also_reads, v->prefers} : MatmulChoice{nullptr, "", nullptr};
+    return v ? v->choice() : MatmulChoice{nullptr, "", nullptr};
 }
 
 AttentionFn attention_variant(const std::string& name) {

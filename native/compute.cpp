@@ -126,8 +126,10 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         evk::MatmulFn fn;
         const void* data;
         evk::WLayout layout;
+        bool converted;  // reads the activations in act's format
         int64_t rows_per_chunk, row_chunks, first_chunk, tok;
     };
+    const evk::ActPrep* act = nullptr;
     Plan plans[kMaxJobs];
     int64_t n_chunks = 0;
     for (int i = 0; i < n_jobs; ++i) {
@@ -140,14 +142,19 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         p.fn = c.fn;
         p.data = packed ? static_cast<const void*>(w.packed.get()) : w.data;
         p.layout = packed ? w.packed_layout() : evk::WLayout::kRows;
+        p.converted = c.act != nullptr;
+        if (c.act && act && c.act != act) throw std::invalid_argument("matmul_batch: two activation formats in one batch");
+        if (c.act) act = c.act;
         // Chunks of rows (multiples of 16, so packed groups of 8 or 16 are never split): enough of
         // them that a descheduled thread's share is picked up by another. In prefill, multiples of
-        // 48 (the GEMM's panel), or the whole weight when it has fewer than 96 rows (attention's
-        // V^T, 64 rows): a 16-row call runs the GEMM's slowest tile, and the token blocks give
-        // the threads work enough.
+        // the GEMM's panel (48 rows, 32 for AMX), or the whole weight when it has fewer than two
+        // panels (attention's V^T, 64 rows): a 16-row call runs the GEMM's slowest tile, and the
+        // token blocks give the threads work enough.
         p.rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);
-        if (phase == evk::kPrefill)  // whole 48-row panels (128 would run 48 + 48 + a 32-row tile)
-            p.rows_per_chunk = w.rows < 96 ? (w.rows + 15) / 16 * 16 : (p.rows_per_chunk + 47) / 48 * 48;
+        if (phase == evk::kPrefill) {  // whole panels (128 would run 48 + 48 + a 32-row tile)
+            const int64_t panel = std::max<int64_t>(16, c.panel_rows);
+            p.rows_per_chunk = w.rows < 2 * panel ? (w.rows + 15) / 16 * 16 : (p.rows_per_chunk + panel - 1) / panel * panel;
+        }
         p.row_chunks = (w.rows + p.rows_per_chunk - 1) / p.rows_per_chunk;
         p.tok = kTokenBlock;
         if (phase == evk::kPrefill) {
@@ -156,6 +163,21 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         }
         p.first_chunk = n_chunks;
         n_chunks += p.row_chunks * ((m + p.tok - 1) / p.tok);
+    }
+    // A kernel with an activation format of its own reads x converted once, here, by all threads;
+    // the token blocks are multiples of 16, the conversion's padding.
+    const uint8_t* xp = nullptr;
+    size_t xp_row = 0;
+    if (act) {
+        const int64_t k = jobs[0].w->cols;
+        xp_row = act->row_bytes(k);
+        const size_t need = act->bytes(m, k) + 64;
+        if (xp_buf_.size() < need) xp_buf_.resize(need);  // grows in prefill only: decode kernels convert nothing
+        uint8_t* dst = xp_buf_.data() + (64 - reinterpret_cast<uintptr_t>(xp_buf_.data()) % 64) % 64;
+        const int64_t pad = act->pad_tokens, groups = (m + pad - 1) / pad;
+        auto convert = [&](int64_t g, int) { act->prep(x, x_stride, m, k, g * pad, (g + 1) * pad, dst); };
+        pool_.run(groups, convert);
+        xp = dst;
     }
     auto body = [&](int64_t chunk, int t) {
         int i = n_jobs - 1;
@@ -177,6 +199,10 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         a.m = std::min(p.tok, m - tb * p.tok);
         a.scratch = scratch(t);
         a.w_layout = p.layout;
+        if (p.converted) {
+            a.xp = xp + static_cast<size_t>(tb * p.tok) * xp_row;
+            a.xp_stride = static_cast<int64_t>(xp_row);
+        }
         p.fn(a);
     };
     pool_.run(n_chunks, body);

@@ -119,6 +119,7 @@ private:
     const evk::OpTable* ops_;
     int64_t max_k_;
     std::vector<float> scratch_;
+    std::vector<uint8_t> xp_buf_;  // activations converted for a kernel with MatmulChoice::act
 };
 
 }  // namespace evn

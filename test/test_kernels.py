@@ -10,6 +10,9 @@ Tolerances are relative to the magnitude of each sum, sum_k |w_k| |x_k|:
   nearest) add at most d / 2 per activation: their bound adds sum_blocks d_b / 2 * sum |w| over
   the block. With activations on that int8 grid (power-of-two scales) the quantization is
   lossless, so there they must meet REL_TOL too: that is the sharp test of their integer path.
+- variants that split floats into two bfloat16 halves (the AMX tile GEMM: x ~ hi + lo with
+  |x - hi - lo| <= 2^-16 |x|, three bf16 products per term, lo * lo dropped) are within
+  3 * 2^-16 of each term: SPLIT_BF16_TOL = 6e-5 of the magnitude (REL_TOL added for the sums).
 A wrong index, block layout, nibble order, scale or tail loop gives errors of order 1 in these units.
 """
 
@@ -38,6 +41,14 @@ DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the varian
 # Every matmul variant, by how it treats activations. A new variant must be added to one of these.
 FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
 INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8"}
+SPLIT_BF16_VARIANTS = {"amx_gemm"}
+SPLIT_BF16_TOL = 6e-5  # of sum |w||x|
+GEMM_VARIANTS = ("avx512_gemm", "amx_gemm")  # the panel GEMMs with p16 and k-block paths of their own
+
+
+def float_bound(variant: str, magnitude: np.ndarray) -> np.ndarray:
+    """The tolerance of a variant that does not quantize activations to int8."""
+    return (SPLIT_BF16_TOL if variant in SPLIT_BF16_VARIANTS else REL_TOL) * magnitude
 
 
 def matmul_variants(wtype: str) -> list[str]:
@@ -118,8 +129,8 @@ def test_every_variant_is_classified_and_best_is_not_ref() -> None:
     """On a CPU with AVX2 the comparisons below exercise ISA kernels, not ref against itself."""
     listed = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul"}
     assert "ref" in listed
-    unclassified = listed - FLOAT_ACT_VARIANTS - INT8_ACT_VARIANTS
-    assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS or INT8_ACT_VARIANTS"
+    unclassified = listed - FLOAT_ACT_VARIANTS - INT8_ACT_VARIANTS - SPLIT_BF16_VARIANTS
+    assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS, INT8_ACT_VARIANTS or SPLIT_BF16_VARIANTS"
     chosen = _engine.kernel_variants()
     assert set(chosen) == {f"matmul/{t}/{p}" for t in FLOAT_TYPES + QUANT_TYPES for p in ("decode", "prefill")} | {
         "attention", "softmax", "gelu_tanh", "silu_mul"}
@@ -152,7 +163,7 @@ def test_matmul_variants_vs_ref_vs_numpy(wtype: str) -> None:
             check_close(ref, x64 @ w64.T, tight, f"ref {shape} vs numpy")
             outputs: dict[str, np.ndarray] = {}
             for variant in variants:
-                bound = int8_bound if variant in INT8_ACT_VARIANTS else tight
+                bound = int8_bound if variant in INT8_ACT_VARIANTS else float_bound(variant, magnitude)
                 for threads in THREADS:
                     y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=threads)
                     what = f"{variant} {shape} threads={threads}"
@@ -237,9 +248,9 @@ def test_matmul_on_arbitrary_bytes(wtype: str) -> None:
             ref = _engine.kernel_matmul("ref", wtype, raw, rows, cols, x)
             check_close(ref, want, REL_TOL * magnitude, f"ref {wtype} on random bytes vs numpy")
             for variant in matmul_variants(wtype) + ["best"]:
-                bound = REL_TOL * magnitude
-                if variant in INT8_ACT_VARIANTS or (variant == "best" and chosen_variant(
-                        wtype, m, rows, cols) in INT8_ACT_VARIANTS):
+                actual = chosen_variant(wtype, m, rows, cols) if variant == "best" else variant
+                bound = float_bound(actual, magnitude)
+                if actual in INT8_ACT_VARIANTS:
                     bound = bound + act_quant_bound(wd, x)
                 for threads in (1, 3):
                     y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=threads)
@@ -296,46 +307,51 @@ def test_matmul_zero_weights_and_inputs(wtype: str) -> None:
             assert not np.any(_engine.kernel_matmul(variant, wtype, raw_w, rows, cols, np.zeros_like(x))), variant
 
 
+@pytest.mark.parametrize("gemm", GEMM_VARIANTS)
 @pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
-def test_avx512_gemm_panels_k_blocks_and_token_pieces(wtype: str) -> None:
-    """avx512_gemm works in panels of 48 rows (3 x 16 lanes) and k blocks of 192: the cases above
-    (<= 129 rows, so small chunks, and k <= 576 = 3 whole blocks) do not reach a full panel or a
-    partial last k block. Here rows = 1000 (chunks of 128 = 48 + 48 + 32, the last one 104 =
-    48 + 48 + 8), k with a tail block (193, 200 for floats; 416 = 2 x 192 + 32 for blocks), weights
-    at a misaligned address, m past one 8-token tile. Each output is one FMA chain over k, so a
-    token's result must not depend on the other tokens in the call or the thread count."""
-    if "avx512_gemm" not in matmul_variants(wtype):
-        pytest.skip("avx512_gemm does not run on this CPU (needs AVX-512 F/BW/VL)")
+def test_gemm_panels_k_blocks_and_token_pieces(wtype: str, gemm: str) -> None:
+    """avx512_gemm works in panels of 48 rows (3 x 16 lanes) and k blocks of 192, amx_gemm in
+    panels of 32 rows (2 tiles of 16), k blocks of 256 in steps of 32 and 16-token tiles: the
+    cases above (<= 129 rows, so small chunks, and k <= 576) do not reach a full panel or a partial
+    last k block. Here rows = 1000 (chunks of 128 = 48 + 48 + 32, the last one 104 = 48 + 48 + 8;
+    amx: 4 x 32, the last 104 = 3 x 32 + 8), k with a tail block (193, 200 for floats; 416 =
+    2 x 192 + 32 = 256 + 160 for blocks; 600 for amx: 2 x 256 + 88), weights at a misaligned
+    address, m past one tile (8 tokens, 2 x 16 for amx). Each output is one fixed sequence of
+    operations over k, so a token's result must not depend on the other tokens in the call or the
+    thread count."""
+    if gemm not in matmul_variants(wtype):
+        pytest.skip(f"{gemm} does not run on this CPU")
     rows = 1000
-    for cols in ((193, 200) if wtype in FLOAT_TYPES else (416,)):
+    for cols in ((193, 200, 600) if wtype in FLOAT_TYPES else (416,)):
         raw, wd = weights(wtype, rows, cols)
         buf = np.zeros(raw.size + 64, np.uint8)
         base = (-buf.ctypes.data) % 64 + 3  # 3 bytes past a 64-byte boundary
         shifted = buf[base:base + raw.size]
         shifted[:] = raw
-        for m in (4, 9, 64):
+        for m in (4, 9, 40, 64):
             x = activations(m, cols)
             magnitude = np.abs(x.astype(np.float64)) @ np.abs(wd.astype(np.float64)).T
             ref = _engine.kernel_matmul("ref", wtype, raw, rows, cols, x)
             got = {}
             for threads in (1, 2, 3):
-                y = _engine.kernel_matmul("avx512_gemm", wtype, shifted, rows, cols, x, threads=threads)
-                check_close(y, ref, REL_TOL * magnitude, f"avx512_gemm {wtype} rows={rows} cols={cols} m={m}")
+                y = _engine.kernel_matmul(gemm, wtype, shifted, rows, cols, x, threads=threads)
+                check_close(y, ref, float_bound(gemm, magnitude), f"{gemm} {wtype} rows={rows} cols={cols} m={m}")
                 got[threads] = y
             assert same_bits(got[1], got[2]) and same_bits(got[1], got[3]), (wtype, cols, m)
-            piece = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x[m - 3:], threads=2)
+            piece = _engine.kernel_matmul(gemm, wtype, raw, rows, cols, x[m - 3:], threads=2)
             assert same_bits(piece, got[1][m - 3:]), (wtype, cols, m)
 
 
+@pytest.mark.parametrize("gemm", GEMM_VARIANTS)
 @pytest.mark.parametrize("wtype", FLOAT_TYPES + QUANT_TYPES)
-def test_avx512_gemm_prefill_only_weights_read_p16(wtype: str) -> None:
-    """A prefill-only weight (the vision tower's: no decode kernel) is read by avx512_gemm in the
+def test_gemm_prefill_only_weights_read_p16(wtype: str, gemm: str) -> None:
+    """A prefill-only weight (the vision tower's: no decode kernel) is read by either GEMM in the
     p16 layout it prefers (kernels/matmul/packed_p16.h) for the float formats; the results are the
     rows path's, bit for bit, for every shape, token count and thread count, and 'best' on such a
     weight is the chosen variant's. A weight with both phases keeps reading the rows (no second
     copy next to the decode kernel's)."""
-    if "avx512_gemm" not in matmul_variants(wtype):
-        pytest.skip("avx512_gemm does not run on this CPU (needs AVX-512 F/BW/VL)")
+    if gemm not in matmul_variants(wtype):
+        pytest.skip(f"{gemm} does not run on this CPU")
     shapes = ((1, 7), (17, 37), (64, 64), (100, 200), (113, 416), (1000, 193)) if wtype in FLOAT_TYPES else (
         (17, 64), (64, 416), (113, 160))
     for rows, cols in shapes:
@@ -343,17 +359,16 @@ def test_avx512_gemm_prefill_only_weights_read_p16(wtype: str) -> None:
         for m in (1, 3, 9, 64, 70):
             x = activations(m, cols)
             want_layout = "p16" if wtype in FLOAT_TYPES else "rows"
-            layout = _engine.kernel_matmul_layout("avx512_gemm", wtype, raw, rows, cols, x, prefill_only=True)
+            layout = _engine.kernel_matmul_layout(gemm, wtype, raw, rows, cols, x, prefill_only=True)
             assert layout == want_layout
-            assert _engine.kernel_matmul_layout("avx512_gemm", wtype, raw, rows, cols, x) != "p16"
-            rows_path = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x, threads=2)
+            assert _engine.kernel_matmul_layout(gemm, wtype, raw, rows, cols, x) != "p16"
+            rows_path = _engine.kernel_matmul(gemm, wtype, raw, rows, cols, x, threads=2)
             chosen = _engine.choose_matmul(wtype, "prefill", rows, cols)
             for threads in (1, 2, 3):
-                got = _engine.kernel_matmul("avx512_gemm", wtype, raw, rows, cols, x, threads=threads,
-                                            prefill_only=True)
+                got = _engine.kernel_matmul(gemm, wtype, raw, rows, cols, x, threads=threads, prefill_only=True)
                 assert same_bits(got, rows_path), (wtype, rows, cols, m, threads)
                 best = _engine.kernel_matmul("best", wtype, raw, rows, cols, x, threads=threads, prefill_only=True)
-                if chosen == "avx512_gemm":
+                if chosen == gemm:
                     assert same_bits(best, got), (wtype, rows, cols, m, threads)
 
 

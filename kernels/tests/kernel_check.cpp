@@ -76,8 +76,8 @@ int main() {
     std::mt19937 rng(1234);
     std::normal_distribution<float> nd(0.f, 1.f);
     const CpuFeatures f = detect_cpu_features();
-    std::printf("cpu: avx2=%d fma=%d avx512f=%d avx512bw=%d avx512vl=%d avxvnni=%d neon=%d dotprod=%d i8mm=%d\n", f.avx2, f.fma,
-                f.avx512f, f.avx512bw, f.avx512vl, f.avxvnni, f.neon, f.dotprod, f.i8mm);
+    std::printf("cpu: avx2=%d fma=%d avx512f=%d avx512bw=%d avx512vl=%d avxvnni=%d avx512bf16=%d amxbf16=%d neon=%d dotprod=%d i8mm=%d\n",
+                f.avx2, f.fma, f.avx512f, f.avx512bw, f.avx512vl, f.avxvnni, f.avx512bf16, f.amx_bf16, f.neon, f.dotprod, f.i8mm);
     // 113 rows split 56 / 57: a 48-row panel of avx512_gemm plus a partial one; k = 416: two
     // 192-element k blocks of avx512_gemm and a tail block.
     const int64_t rows_set[] = {1, 3, 17, 64, 113};
@@ -107,6 +107,16 @@ int main() {
                         std::vector<float> scratch(static_cast<size_t>(kMatmulScratchRows * k));
                         MatmulArgs a{w.data(), t, row_bytes(t, k), k, 0, rows, x.data(), k, y_ref.data(), rows, m, scratch.data()};
                         matmul_ref(a);
+                        // A variant with an activation format of its own reads x converted once.
+                        std::vector<uint8_t> xp;
+                        if (choice.act) {
+                            xp.resize(choice.act->bytes(m, k) + 64);
+                            uint8_t* p = xp.data() + (64 - reinterpret_cast<uintptr_t>(xp.data()) % 64) % 64;
+                            const int64_t padded = static_cast<int64_t>(choice.act->bytes(m, k) / choice.act->row_bytes(k));
+                            choice.act->prep(x.data(), k, m, k, 0, padded, p);
+                            a.xp = p;
+                            a.xp_stride = static_cast<int64_t>(choice.act->row_bytes(k));
+                        }
                         // The variant over two row ranges split at `cut`, as the thread pool would,
                         // reading `wdata` in `layout`.
                         auto run_split = [&](const void* wdata, WLayout layout, int64_t cut) {
@@ -159,7 +169,8 @@ int main() {
                                 dequantize_row(t, w.data() + static_cast<size_t>(r) * row_bytes(t, k), wrow.data(), k);
                                 float mag = 0.f;
                                 for (int64_t i = 0; i < k; ++i) mag += std::fabs(wrow[i] * x[tok * k + i]);
-                                float tol = 1e-5f * mag + 1e-6f;
+                                // 6e-5 for the split-bf16 AMX products (matmul_amx.cpp's bound).
+                                float tol = (choice.act ? 6e-5f : 1e-5f) * mag + 1e-6f;
                                 if (int8) tol += int8_bound(wrow.data(), &x[tok * k], k) * 1.01f;
                                 const float got = y[tok * rows + r], want = y_ref[tok * rows + r];
                                 ++n_cases;
