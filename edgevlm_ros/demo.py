@@ -44,6 +44,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
+GROUND_TRUTH_WAIT_S = 15.0  # after the last counted description, for ground truth still on its way
+
+
 @dataclass
 class DemoStats:
     described: int = 0
@@ -55,6 +58,7 @@ class DemoStats:
     pending: dict[tuple[int, int], str] = field(default_factory=dict)  # stamp -> text, truth not yet here
     latency: dict[str, LatencyWindow] = field(default_factory=lambda: {s: LatencyWindow(10_000) for s in STAGES})
     counters: dict[str, int] = field(default_factory=dict)
+    closed: bool = False  # the --frames target was reached: later descriptions are not counted
 
     def summary(self) -> dict[str, Any]:
         unmatched = self.unmatched + len(self.pending)
@@ -170,7 +174,7 @@ def run_demo(args: argparse.Namespace) -> int:
             values = {kv.key: kv.value for kv in status.values}
             if "frames_received" in values:
                 stats.counters = {k: int(float(values[k])) for k in values if k.startswith("frames_")}
-            if not status.name.endswith(": frame") or "text" not in values:
+            if not status.name.endswith(": frame") or "text" not in values or stats.closed:
                 continue
             stats.described += 1
             ms = {s: float(values.get(f"{s}_ms", "nan")) for s in STAGES}
@@ -203,6 +207,13 @@ def run_demo(args: argparse.Namespace) -> int:
         while rclpy.ok():
             rclpy.spin_once(node, timeout_sec=0.2)
             if args.frames and stats.described >= args.frames:
+                # A description can overtake its ground truth: DDS delivers the caption topic's
+                # history to this late-joining monitor on its own schedule (seconds on a loaded
+                # machine). Wait a while for the pending ones before summarising.
+                stats.closed = True
+                deadline = time.monotonic() + GROUND_TRUTH_WAIT_S
+                while stats.pending and time.monotonic() < deadline and rclpy.ok():
+                    rclpy.spin_once(node, timeout_sec=0.1)
                 break
             if args.timeout and time.monotonic() - start > args.timeout:
                 print("edgevlm demo: timed out", file=sys.stderr)

@@ -433,7 +433,7 @@ PYBIND11_MODULE(_engine, m) {
             const int64_t n = ids.shape(0);
             if (n == 0) throw py::value_error("no tokens to run");
             const int64_t V = mdl.config().n_vocab;
-            py::array_t<float> out = all_logits ? py::array_t<float>({n, V}) : py::array_t<float>({V});
+            py::array_t<float> out = all_logits ? py::array_t<float>(std::vector<py::ssize_t>{n, V}) : py::array_t<float>(std::vector<py::ssize_t>{V});
             float* dst = out.mutable_data();
             const int32_t* src = ids.data();
             {
@@ -448,7 +448,7 @@ PYBIND11_MODULE(_engine, m) {
                 throw py::value_error("embeddings must have shape (n, " + std::to_string(mdl.config().n_embd) + ")");
             const int64_t n = x.shape(0), V = mdl.config().n_vocab;
             if (n == 0) throw py::value_error("no embeddings to run");
-            py::array_t<float> out = all_logits ? py::array_t<float>({n, V}) : py::array_t<float>({V});
+            py::array_t<float> out = all_logits ? py::array_t<float>(std::vector<py::ssize_t>{n, V}) : py::array_t<float>(std::vector<py::ssize_t>{V});
             float* dst = out.mutable_data();
             const float* src = x.data();
             {
