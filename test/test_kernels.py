@@ -417,8 +417,10 @@ def attention_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -
     return REL_TOL * (weighted * (1.0 + s.max()) + np.abs(v).max() * 1e-3)
 
 
-@pytest.mark.parametrize("n_kv", [1, 2, 31, 257])
-@pytest.mark.parametrize("d", [1, 8, 13, 64, 80])
+# n_kv around the 8-key score groups and head_dims around the 8-float chunks and 64-float blocks
+# of the AVX2 variant (tails of both, one and several blocks).
+@pytest.mark.parametrize("n_kv", [1, 2, 7, 9, 31, 33, 257, 300])
+@pytest.mark.parametrize("d", [1, 8, 13, 24, 64, 80, 128, 200])
 @pytest.mark.parametrize("sharpness", [0.1, 1.0, 8.0])
 def test_attention_variants_vs_ref_vs_numpy(n_kv: int, d: int, sharpness: float) -> None:
     rng = np.random.default_rng(n_kv * 1000 + d * 10 + int(sharpness * 10))

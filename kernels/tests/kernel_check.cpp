@@ -185,13 +185,16 @@ int main() {
     for (const VariantInfo& v : list_variants()) {
         if (v.op != "attention" || !v.available) continue;
         const AttentionFn fn = attention_variant(v.name);
-        for (int64_t n_kv : {1, 2, 31, 257})
-            for (int64_t d : {8, 64, 80}) {
-                std::vector<float> q(d), k(n_kv * d), val(n_kv * d), o1(d), o2(d), sc(n_kv);
+        for (int64_t n_kv : {1, 2, 7, 9, 31, 33, 257, 300})
+            for (int64_t d : {1, 8, 13, 24, 64, 80, 128, 200}) {
+                // Rows further apart than head_dim (as in the KV cache, where a kv head is a slice
+                // of a row), and at an odd offset: no alignment.
+                const int64_t ks = d + 3, vs = 2 * d + 5;
+                std::vector<float> q(d), k(n_kv * ks), val(n_kv * vs), o1(d), o2(d), sc(n_kv);
                 for (float& e : q) e = nd(rng);
                 for (float& e : k) e = nd(rng);
                 for (float& e : val) e = nd(rng);
-                AttentionArgs a{q.data(), k.data(), val.data(), d, d, n_kv, d, 0.125f, o1.data(), sc.data()};
+                AttentionArgs a{q.data(), k.data() + 1, val.data() + 1, ks, vs, n_kv, d, 0.125f, o1.data(), sc.data()};
                 attention_ref(a);
                 a.out = o2.data();
                 fn(a);
