@@ -40,7 +40,6 @@ private:
         std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b, bq, bk, bv, bo, b_up, b_down;
         Weight wq, wk, wv, wo, w_up, w_down;
     };
-    void linear(const Weight& w, const std::vector<float>& bias, const float* x, int64_t n, float* y);
     void attention(int64_t n);
 
     std::shared_ptr<const GGUFFile> file_;
@@ -53,7 +52,8 @@ private:
     bool ffn_swapped_ = false;
 
     static constexpr int64_t kQueryBlock = 256;  // rows of the score matrix held at once
-    std::vector<float> patches_, x_, h_, q_, k_, v_, att_, ff_, shuffled_, s_, vt_;
+    std::vector<float> patches_, x_, h_, q_, k_, v_, att_, ff_, shuffled_, s_;
+    std::vector<float> vt_;  // V transposed: n_embd rows of n_patches (head h: rows [h*hd, (h+1)*hd))
 };
 
 }  // namespace evn
