@@ -120,6 +120,7 @@ private:
     int64_t max_k_;
     std::vector<float> scratch_;
     std::vector<uint8_t> xp_buf_;  // activations converted for a kernel with MatmulChoice::act
+    int decode_chunks_;            // row chunks per thread in decode (EDGEVLM_DECODE_CHUNKS, default 1)
 };
 
 }  // namespace evn
