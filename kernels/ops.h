@@ -80,9 +80,9 @@ struct OpTable {
     const char* silu_mul_variant;
     void (*rmsnorm)(const float* x, const float* w, float* y, int64_t n, float eps);
     void (*layernorm)(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
-    // Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + d/2) ("neox").
-    void (*rope)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, float pos,
-                 float theta_base, bool neox);
+    // Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + d/2) ("neox") of each
+    // head by the angles of one position: cs holds (cos, sin) of pair i at 2i, 2i+1 (rope_angles).
+    void (*rope)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, const float* cs, bool neox);
     void (*add)(float* a, const float* b, int64_t n);      // a += b
 };
 
@@ -162,6 +162,11 @@ AttentionFn attention_variant(const std::string& name);
 SoftmaxFn softmax_variant(const std::string& name);
 GeluFn gelu_tanh_variant(const std::string& name);
 SiluMulFn silu_mul_variant(const std::string& name);
+
+// The rotation angles of one position for rope: cs[2i], cs[2i + 1] = cos, sin of
+// pos * theta_base^(-2i / rope_dims), i < rope_dims / 2 (computed in double: positions reach
+// thousands). The same for every layer and head, so a model computes them once per token.
+void rope_angles(float pos, float theta_base, int64_t rope_dims, float* cs);
 
 // Scalar reference kernels, exported so tests and faster variants can compare against them.
 void matmul_ref(const MatmulArgs& a);

@@ -30,7 +30,7 @@ namespace evk {
 
 void rmsnorm_ref(const float*, const float*, float*, int64_t, float);
 void layernorm_ref(const float*, const float*, const float*, float*, int64_t, float);
-void rope_ref(float*, int64_t, int64_t, int64_t, float, float, bool);
+void rope_ref(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_ref(float*, const float*, int64_t);
 #if defined(__aarch64__)
 void matmul_neon_f32act(const MatmulArgs&);

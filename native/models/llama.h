@@ -97,6 +97,7 @@ private:
 
     // Run state, sized for n_batch tokens at once.
     std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_, logits_, scores_;
+    std::vector<float> rope_cs_;  // [token of the chunk][rope_dims]: cos, sin per pair
     std::vector<float> k_cache_, v_cache_;
     int64_t n_past_ = 0;
     std::atomic<bool> cancel_{false};
