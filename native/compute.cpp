@@ -93,6 +93,10 @@ void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice, Pa
     }
 }
 
+void release_unused_rows(const GGUFFile& f, const Weight& w) {
+    if (w.rows_unused()) f.release(w.data, static_cast<size_t>(w.rows) * w.row_bytes);
+}
+
 std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64_t n) {
     const TensorInfo* t = f.find_tensor(name);
     if (!t) f.fail("tensor '" + name + "'", "missing");

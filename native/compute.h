@@ -72,6 +72,10 @@ Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols
 // other phase already packed, or the shape has no such layout.
 void set_kernel(Weight& w, evk::Phase phase, const evk::MatmulChoice& choice, PackArena* arena = nullptr);
 
+// Gives the file's pages of w's rows back to the OS when every phase with a kernel reads the packed
+// copy (Weight::rows_unused()): the rows and the copies never all sit in memory at once.
+void release_unused_rows(const GGUFFile& f, const Weight& w);
+
 // Looks up a 2-D tensor of the expected shape (cols = ne[0]) and a type with kernels.
 Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows,
                    WeightUse use = WeightUse::kBoth, PackArena* arena = nullptr);

@@ -118,6 +118,10 @@ def test_bench_table_ratios():
 def test_bandwidth_and_weight_bytes(text_model_path):
     bw = bench.measure_bandwidth(8, 2, repeats=1)
     assert bw["single_gbs"] > 0 and bw["all_gbs"] > 0
+    # The floor uses the highest bandwidth of the runs around the decode measurement.
+    runs = [dict(bw, all_gbs=20.0, single_gbs=13.0), dict(bw, all_gbs=25.0, single_gbs=12.0), dict(bw, all_gbs=19.0)]
+    best = bench.highest_bandwidth(runs)
+    assert best["all_gbs"] == 25.0 and best["single_gbs"] == 13.0 and best["all_runs_gbs"] == [20.0, 25.0, 19.0]
     wb = bench.weight_bytes_per_token(text_model_path)
     # 30 layers of Q4_1 (66.5 MB) + the tied Q8_0 head (30.1 MB) + norm + one embedding row
     assert wb["layers"] == 30 * (3 * 552960 + 2 * 69120 + 2 * 207360 + 2 * 2304)
@@ -192,7 +196,7 @@ def test_tune_table_order_changes_the_choice(tmp_path, restore_optable):
     assert "matmul  Q8_0  decode  rows>=2048" in text
     assert _engine.choose_matmul("Q8_0", "decode", 49152, 576) == "avx2_q8act"  # the head's own winner
     # Formats not measured fall through to the built-in rules appended after the tuned ones.
-    builtin_prefill = "avx512_gemm" if "avx512_gemm" in available else "avx2_gemm"
+    builtin_prefill = next(v for v in ("amx_gemm", "avx512_gemm", "avx2_gemm") if v in available)
     assert _engine.choose_matmul("F16", "prefill", 576, 576) == builtin_prefill
 
 

@@ -100,7 +100,7 @@ ClipVisionModel::ClipVisionModel(std::shared_ptr<const GGUFFile> file, int n_thr
     // weight are released as soon as it is packed (as the text model does for its packed decode
     // weights), so the rows and the copies never all sit in memory at once.
     auto release = [&](Weight w) {
-        if (w.rows_unused()) f.release(w.data, static_cast<size_t>(w.rows) * w.row_bytes);
+        release_unused_rows(f, w);
         return w;
     };
     patch_w_ = release(load_weight(f, "v.patch_embd.weight", pp, d, kPrefill, &arena_));

@@ -80,13 +80,10 @@ LlamaModel::LlamaModel(std::shared_ptr<const GGUFFile> file, int n_threads, int6
     }
     // Weights whose kernels both read a packed copy no longer need their rows in memory (the
     // token embeddings map single rows back in on lookup): ~the model's size less resident.
-    auto release = [&](const Weight& w) {
-        if (w.rows_unused()) f.release(w.data, static_cast<size_t>(w.rows) * w.row_bytes);
-    };
-    release(tok_embd_);
-    if (!cfg_.tied_output) release(output_);
+    release_unused_rows(f, tok_embd_);
+    if (!cfg_.tied_output) release_unused_rows(f, output_);
     for (const Layer& L : layers_)
-        for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) release(*w);
+        for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) release_unused_rows(f, *w);
     auto alloc = [](std::vector<float>& v, int64_t n) { v.assign(static_cast<size_t>(n), 0.f); };
     const int64_t b = n_batch_;
     alloc(x_, b * d);
