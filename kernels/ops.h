@@ -122,9 +122,8 @@ struct ActPrep {
     int64_t pad_tokens;
     size_t (*row_bytes)(int64_t k);
     void (*prep)(const float* x, int64_t x_stride, int64_t m, int64_t k, int64_t t0, int64_t t1, void* dst);
-    size_t bytes(int64_t m, int64_t k) const {
-        return static_cast<size_t>((m + pad_tokens - 1) / pad_tokens * pad_tokens) * row_bytes(k);
-    }
+    int64_t padded_tokens(int64_t m) const { return (m + pad_tokens - 1) / pad_tokens * pad_tokens; }
+    size_t bytes(int64_t m, int64_t k) const { return static_cast<size_t>(padded_tokens(m)) * row_bytes(k); }
 };
 
 // also_reads: a variant that reads the file's rows but, given MatmulArgs::w_layout, also that

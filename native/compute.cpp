@@ -197,7 +197,7 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         const size_t need = act->bytes(m, k) + 64;
         if (xp_buf_.size() < need) xp_buf_.resize(need);  // grows in prefill only: decode kernels convert nothing
         uint8_t* dst = xp_buf_.data() + (64 - reinterpret_cast<uintptr_t>(xp_buf_.data()) % 64) % 64;
-        const int64_t pad = act->pad_tokens, groups = (m + pad - 1) / pad;
+        const int64_t pad = act->pad_tokens, groups = act->padded_tokens(m) / pad;
         auto convert = [&](int64_t g, int) { act->prep(x, x_stride, m, k, g * pad, (g + 1) * pad, dst); };
         pool_.run(groups, convert);
         xp = dst;

@@ -27,6 +27,7 @@
 #include "avx512_panel.h"
 
 #define EV_AMX __attribute__((target("amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c")))
+#define EV_AMX_INLINE __attribute__((target("amx-tile,amx-bf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c"), always_inline)) inline
 
 namespace evk {
 
@@ -107,14 +108,41 @@ EV_AMX void fill_b(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64
     }
 }
 
-// Where C tile (i, j) (tokens 16i.., rows 16j..) accumulates: y itself, or a scratch tile at an edge.
+// Where C tile (i, j) (tokens 16i.., rows 16j..) accumulates: y itself, or at an edge a scratch
+// tile standing for the tn x rn corner of y at `y` (nullptr when p is y).
 struct CTiles {
     float* p[2][2];
     int64_t stride[2][2];  // bytes
+    float* y[2][2];
+    int64_t tn[2][2], rn[2][2];
 };
 
-// NT x NG C tiles (tiles 0, 1 / 2, 3), over nsteps steps of the B block. xa: the first token's hi
-// row at this block's k; lo_off: bytes from a hi element to its lo.
+// Tile registers: C(i, j) in 2i + j, A(i) (16 tokens) in 4 + i, B(j) (16 rows) in 6 + j. The
+// register numbers are part of the instructions, so these are spelled out, not looped.
+template <int NT>
+EV_AMX_INLINE void load_a(const uint8_t* a, int64_t xs) {
+    _tile_loadd(4, a, xs);
+    if constexpr (NT > 1) _tile_loadd(5, a + 16 * xs, xs);
+}
+
+// The B tiles of one step, hi or lo (b points at group 0's; group 1's follow its hi and lo).
+template <int NG>
+EV_AMX_INLINE void load_b(const uint8_t* b) {
+    _tile_loadd(6, b, 64);
+    if constexpr (NG > 1) _tile_loadd(7, b + 2 * kTileBytes, 64);
+}
+
+// C(i, j) += A(i) B(j) for every C tile in use.
+template <int NT, int NG>
+EV_AMX_INLINE void products() {
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NG > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (NT > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NT > 1 && NG > 1) _tile_dpbf16ps(3, 5, 7);
+}
+
+// NT x NG C tiles over nsteps steps of the B block. xa: the first token's hi row at this block's
+// k; lo_off: bytes from a hi element to its lo.
 template <int NT, int NG>
 EV_AMX void tiles(const uint8_t* xa, int64_t xs, int64_t lo_off, const uint8_t* b, int64_t nsteps, const CTiles& c, bool first) {
     if (first) {
@@ -128,34 +156,16 @@ EV_AMX void tiles(const uint8_t* xa, int64_t xs, int64_t lo_off, const uint8_t* 
         if constexpr (NT > 1) _tile_loadd(2, c.p[1][0], c.stride[1][0]);
         if constexpr (NT > 1 && NG > 1) _tile_loadd(3, c.p[1][1], c.stride[1][1]);
     }
-    const uint8_t* a1 = xa + 16 * xs;
     for (int64_t s = 0; s < nsteps; ++s, b += kStepBytes) {
         const int64_t o = s * 2 * kStep;
-        // x_hi * w_hi
-        _tile_loadd(4, xa + o, xs);
-        if constexpr (NT > 1) _tile_loadd(5, a1 + o, xs);
-        _tile_loadd(6, b, 64);
-        if constexpr (NG > 1) _tile_loadd(7, b + 2 * kTileBytes, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if constexpr (NG > 1) _tile_dpbf16ps(1, 4, 7);
-        if constexpr (NT > 1) _tile_dpbf16ps(2, 5, 6);
-        if constexpr (NT > 1 && NG > 1) _tile_dpbf16ps(3, 5, 7);
-        // x_hi * w_lo
-        _tile_loadd(6, b + kTileBytes, 64);
-        if constexpr (NG > 1) _tile_loadd(7, b + 3 * kTileBytes, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if constexpr (NG > 1) _tile_dpbf16ps(1, 4, 7);
-        if constexpr (NT > 1) _tile_dpbf16ps(2, 5, 6);
-        if constexpr (NT > 1 && NG > 1) _tile_dpbf16ps(3, 5, 7);
-        // x_lo * w_hi
-        _tile_loadd(4, xa + lo_off + o, xs);
-        if constexpr (NT > 1) _tile_loadd(5, a1 + lo_off + o, xs);
-        _tile_loadd(6, b, 64);
-        if constexpr (NG > 1) _tile_loadd(7, b + 2 * kTileBytes, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if constexpr (NG > 1) _tile_dpbf16ps(1, 4, 7);
-        if constexpr (NT > 1) _tile_dpbf16ps(2, 5, 6);
-        if constexpr (NT > 1 && NG > 1) _tile_dpbf16ps(3, 5, 7);
+        load_a<NT>(xa + o, xs);  // x_hi * w_hi
+        load_b<NG>(b);
+        products<NT, NG>();
+        load_b<NG>(b + kTileBytes);  // x_hi * w_lo
+        products<NT, NG>();
+        load_a<NT>(xa + lo_off + o, xs);  // x_lo * w_hi
+        load_b<NG>(b);
+        products<NT, NG>();
     }
     _tile_stored(0, c.p[0][0], c.stride[0][0]);
     if constexpr (NG > 1) _tile_stored(1, c.p[0][1], c.stride[0][1]);
@@ -203,10 +213,10 @@ EV_AMX void matmul_amx_gemm(const MatmulArgs& a) {
                 bool any_edge = false;
                 for (int i = 0; i < nt; ++i)
                     for (int j = 0; j < ng; ++j) {
-                        const int64_t t_n = a.m - (t + 16 * i) < 16 ? a.m - (t + 16 * i) : 16;
-                        const int64_t r_n = nrows - 16 * j < 16 ? nrows - 16 * j : 16;
+                        const int64_t tn = a.m - (t + 16 * i) < 16 ? a.m - (t + 16 * i) : 16;
+                        const int64_t rn = nrows - 16 * j < 16 ? nrows - 16 * j : 16;
                         float* yp = a.y + (t + 16 * i) * a.y_stride + r + 16 * j;
-                        if (t_n == 16 && r_n == 16) {
+                        if (tn == 16 && rn == 16) {
                             c.p[i][j] = yp;
                             c.stride[i][j] = ys;
                             continue;
@@ -215,20 +225,20 @@ EV_AMX void matmul_amx_gemm(const MatmulArgs& a) {
                         float* e = edge[i][j];
                         std::memset(e, 0, sizeof edge[i][j]);
                         if (!first)
-                            for (int64_t tt = 0; tt < t_n; ++tt) std::memcpy(e + tt * 16, yp + tt * a.y_stride, static_cast<size_t>(r_n) * sizeof(float));
+                            for (int64_t tt = 0; tt < tn; ++tt) std::memcpy(e + tt * 16, yp + tt * a.y_stride, static_cast<size_t>(rn) * sizeof(float));
                         c.p[i][j] = e;
                         c.stride[i][j] = 64;
+                        c.y[i][j] = yp;
+                        c.tn[i][j] = tn;
+                        c.rn[i][j] = rn;
                     }
                 kTilesFns[nt - 1][ng - 1](a.xp + t * a.xp_stride + 2 * k0, a.xp_stride, lo_off, b, (kc + kStep - 1) / kStep, c, first);
                 if (!any_edge) continue;
                 for (int i = 0; i < nt; ++i)
-                    for (int j = 0; j < ng; ++j) {
-                        if (c.p[i][j] != edge[i][j]) continue;
-                        const int64_t t_n = a.m - (t + 16 * i) < 16 ? a.m - (t + 16 * i) : 16;
-                        const int64_t r_n = nrows - 16 * j < 16 ? nrows - 16 * j : 16;
-                        float* yp = a.y + (t + 16 * i) * a.y_stride + r + 16 * j;
-                        for (int64_t tt = 0; tt < t_n; ++tt) std::memcpy(yp + tt * a.y_stride, edge[i][j] + tt * 16, static_cast<size_t>(r_n) * sizeof(float));
-                    }
+                    for (int j = 0; j < ng; ++j)
+                        if (c.y[i][j])
+                            for (int64_t tt = 0; tt < c.tn[i][j]; ++tt)
+                                std::memcpy(c.y[i][j] + tt * a.y_stride, c.p[i][j] + tt * 16, static_cast<size_t>(c.rn[i][j]) * sizeof(float));
             }
         }
     }

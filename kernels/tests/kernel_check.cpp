@@ -112,8 +112,7 @@ int main() {
                         if (choice.act) {
                             xp.resize(choice.act->bytes(m, k) + 64);
                             uint8_t* p = xp.data() + (64 - reinterpret_cast<uintptr_t>(xp.data()) % 64) % 64;
-                            const int64_t padded = static_cast<int64_t>(choice.act->bytes(m, k) / choice.act->row_bytes(k));
-                            choice.act->prep(x.data(), k, m, k, 0, padded, p);
+                            choice.act->prep(x.data(), k, m, k, 0, choice.act->padded_tokens(m), p);
                             a.xp = p;
                             a.xp_stride = static_cast<int64_t>(choice.act->row_bytes(k));
                         }
