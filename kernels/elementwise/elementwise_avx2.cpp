@@ -21,10 +21,7 @@ EV_AVX2 void softmax_avx2(float* x, int64_t n, float scale) {
     }
     vmax = _mm256_max_ps(_mm256_max_ps(vmax, m1), _mm256_max_ps(m2, m3));
     for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float mx = _mm_cvtss_f32(m4);
+    float mx = hmax(vmax);
     for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
     const double sum = exp_sub_scaled_sum(x, n, mx, scale);  // >= 1: the maximum gives exp(0)
     const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));

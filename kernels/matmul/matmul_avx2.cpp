@@ -16,13 +16,6 @@ namespace evk {
 
 namespace {
 
-EV_AVX2 inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 EV_AVX2 float dot_avx2(const float* a, const float* b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -364,10 +357,7 @@ EV_AVX2 void attention_avx2(const AttentionArgs& args) {
         _mm256_maskstore_ps(a.scores + j, tail_mask(n - j), s);
         vmax = _mm256_max_ps(vmax, s);
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float mx = _mm_cvtss_f32(m4);
+    const float mx = hmax(vmax);
     const float inv = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores, n, mx, 1.f));  // exp(s - mx)
     for (int64_t d0 = 0; d0 < hd; d0 += 64) {
         const int64_t w = hd - d0 < 64 ? hd - d0 : 64;

@@ -22,7 +22,6 @@ namespace evk {
 namespace {
 
 using q8act::BlockQ8A;
-using q8act::hsum;
 using q8act::quantize_act;
 
 EV_AVX2 inline __m256i unpack_nibbles(const uint8_t* qs) {

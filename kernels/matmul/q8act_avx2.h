@@ -10,6 +10,8 @@
 
 #define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+#include "../elementwise/exp_avx2.h"  // hsum, hmax
+
 namespace evk {
 namespace q8act {
 
@@ -18,13 +20,6 @@ struct BlockQ8A {  // activation block
     int32_t sum;      // sum(qs)
     int8_t qs[kQK];
 };
-
-EV_AVX2 inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 EV_AVX2 inline int hsum_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -43,10 +38,7 @@ EV_AVX2 inline void quantize_act(const float* x, int64_t k, BlockQ8A* out) {
             v[j] = _mm256_loadu_ps(x + 8 * j);
             amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[j]));
         }
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float d = _mm_cvtss_f32(m) / 127.f;
+        const float d = hmax(amax) / 127.f;
         const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
         __m256i q[4];
         for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
