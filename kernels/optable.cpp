@@ -275,7 +275,7 @@ const Variant* runnable(const std::string& op, const std::string& name) {
 // The variant the active rules pick for an operator without formats or phases (their columns
 // are not consulted); the reference when no rule does.
 const Variant& choose_variant(const std::string& op) {
-    static const CpuFeatures f = detect_cpu_features();
+    const CpuFeatures f = detect_cpu_features();  // probed once (detect_cpu_features caches)
     Active& a = active();
     std::lock_guard<std::mutex> lk(a.mu);
     for (const Rule& r : a.rules) {
@@ -312,7 +312,7 @@ OpTable make_reference() {
 }  // namespace
 
 MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k) {
-    static const CpuFeatures f = detect_cpu_features();
+    const CpuFeatures f = detect_cpu_features();
     const char* phase_name = phase == kDecode ? "decode" : "prefill";
     const TypeTraits* tt = type_traits(t);
     Active& a = active();
