@@ -10,7 +10,8 @@ ranked by the sum of their best times over the shapes, and written fastest first
 features the built-in table names for it, the scalar reference last. When the output head's
 winner differs from the layers' winner, a `rows>=N` rule for the head comes first. Attention
 variants are timed on one head against 1024 keys (the vision tower's length); the element-wise
-variants (softmax, gelu_tanh, silu_mul) on 64 rows of 1024 floats (a vision tower's score rows).
+variants (softmax, gelu_tanh, silu_mul, rmsnorm, layernorm, add) on 64 rows of 1024 floats (a vision
+tower's score rows; the norms row by row), rope on the same 64 rows as 16 heads of 64.
 
 The table is written to optable.TUNED_TABLE (~/.cache/edgevlm_ros/optable.tsv) or --out; the
 engine loads it at its next start (or at once: optable.activate(path)). run_tune() leaves the
@@ -147,8 +148,9 @@ def matmul_candidates(fmt: str) -> list[str]:
             if v["op"] == "matmul" and v["available"] and fmt in v["formats"]]
 
 
-ELEMENTWISE_OPS = ("softmax", "gelu_tanh", "silu_mul")
+ELEMENTWISE_OPS = ("softmax", "gelu_tanh", "silu_mul", "rmsnorm", "layernorm", "rope", "add")
 ELEMENTWISE_SHAPE = (64, 1024)
+ROPE_HEAD_DIM = 64  # rope: each row of ELEMENTWISE_SHAPE as heads of this size, all dims rotated
 
 
 def op_candidates(op: str) -> list[str]:
@@ -252,6 +254,9 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
         single["attention"] = attn
     x = rng.normal(size=ELEMENTWISE_SHAPE).astype(np.float32)
     b = rng.normal(size=ELEMENTWISE_SHAPE).astype(np.float32)
+    w_row, b_row = b[0].copy(), b[1].copy()
+    cs = _engine.rope_angles(100.0, 10000.0, ROPE_HEAD_DIM)
+    rope_heads = ELEMENTWISE_SHAPE[1] // ROPE_HEAD_DIM
     calls = 5 if cfg.quick else 50
     for op in ELEMENTWISE_OPS:
         names = op_candidates(op)
@@ -263,8 +268,14 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
                 for _ in range(calls):
                     if op == "softmax":
                         _engine.kernel_elementwise(op, name, x, scale=0.125)
-                    elif op == "silu_mul":
+                    elif op in ("silu_mul", "add"):
                         _engine.kernel_elementwise(op, name, x, b)
+                    elif op == "rmsnorm":
+                        _engine.kernel_norm(op, name, x, w_row, eps=1e-5)
+                    elif op == "layernorm":
+                        _engine.kernel_norm(op, name, x, w_row, b_row, eps=1e-5)
+                    elif op == "rope":
+                        _engine.kernel_rope(name, x, rope_heads, ROPE_HEAD_DIM, ROPE_HEAD_DIM, cs)
                     else:
                         _engine.kernel_elementwise(op, name, x)
             return run

@@ -65,10 +65,17 @@ using SiluMulFn = void (*)(float* a, const float* b, int64_t n);  // a = silu(a)
 enum Phase { kDecode = 0, kPrefill = 1 };
 constexpr int64_t kDecodeMaxTokens = 3;  // m <= this uses the decode kernel
 
+// Norms, rotary embedding and the residual add (kernels/elementwise/norms_*.cpp). y may be x.
+using RmsNormFn = void (*)(const float* x, const float* w, float* y, int64_t n, float eps);
+using LayerNormFn = void (*)(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);  // b may be null
+using RopeFn = void (*)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, const float* cs, bool neox);
+// a += b. The same signature as SiluMulFn: the registry tells the two apart by name (optable.cpp).
+using AddFn = void (*)(float* a, const float* b, int64_t n);
+
 // Element-wise operators and attention, chosen once per process. Matrix products are chosen per
-// weight (format, phase, shape) by choose_matmul(). Attention, softmax, gelu_tanh and silu_mul
-// are chosen by the operator table's rules (choose()); the other element-wise operators have only
-// the reference variant.
+// weight (format, phase, shape) by choose_matmul(). Attention and every element-wise operator
+// (softmax, gelu_tanh, silu_mul, rmsnorm, layernorm, rope, add) are chosen by the operator
+// table's rules (choose()).
 struct OpTable {
     AttentionFn attention;
     const char* attention_variant;
@@ -78,12 +85,17 @@ struct OpTable {
     const char* gelu_tanh_variant;
     SiluMulFn silu_mul;
     const char* silu_mul_variant;
-    void (*rmsnorm)(const float* x, const float* w, float* y, int64_t n, float eps);
-    void (*layernorm)(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
-    // Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + d/2) ("neox") of each
-    // head by the angles of one position: cs holds (cos, sin) of pair i at 2i, 2i+1 (rope_angles).
-    void (*rope)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, const float* cs, bool neox);
-    void (*add)(float* a, const float* b, int64_t n);      // a += b
+    RmsNormFn rmsnorm;
+    const char* rmsnorm_variant;
+    LayerNormFn layernorm;
+    const char* layernorm_variant;
+    // Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + rope_dims/2) ("neox")
+    // of each head (heads head_dim apart) by the angles of one position: cs holds (cos, sin) of
+    // pair i at 2i, 2i+1 (rope_angles). Elements past the rope_dims/2 pairs are left alone.
+    RopeFn rope;
+    const char* rope_variant;
+    AddFn add;  // a += b
+    const char* add_variant;
 };
 
 // CPU features the table is chosen from.
@@ -145,7 +157,8 @@ struct AttentionChoice { AttentionFn fn; const char* name; };
 // The variant the active operator table picks (the first matching rule that runs on this CPU).
 MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k);
 AttentionChoice choose_attention();
-// For an operator without formats or phases ("attention", "softmax", "gelu_tanh", "silu_mul"):
+// For an operator without formats or phases ("attention", "softmax", "gelu_tanh", "silu_mul",
+// "rmsnorm", "layernorm", "rope", "add"):
 // the name of the variant the active table picks, "ref" when no rule does.
 std::string choose(const std::string& op);
 // Replaces the active rules (the text of an optable.tsv); throws std::invalid_argument on a bad
@@ -161,6 +174,10 @@ AttentionFn attention_variant(const std::string& name);
 SoftmaxFn softmax_variant(const std::string& name);
 GeluFn gelu_tanh_variant(const std::string& name);
 SiluMulFn silu_mul_variant(const std::string& name);
+RmsNormFn rmsnorm_variant(const std::string& name);
+LayerNormFn layernorm_variant(const std::string& name);
+RopeFn rope_variant(const std::string& name);
+AddFn add_variant(const std::string& name);
 
 // The rotation angles of one position for rope: cs[2i], cs[2i + 1] = cos, sin of
 // pos * theta_base^(-2i / rope_dims), i < rope_dims / 2 (computed in double: positions reach
@@ -174,5 +191,9 @@ float dot_ref(const float* a, const float* b, int64_t n);
 void softmax_ref(float* x, int64_t n, float scale);
 void gelu_tanh_ref(float* a, int64_t n);
 void silu_mul_ref(float* a, const float* b, int64_t n);
+void rmsnorm_ref(const float* x, const float* w, float* y, int64_t n, float eps);
+void layernorm_ref(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
+void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, const float* cs, bool neox);
+void add_ref(float* a, const float* b, int64_t n);
 
 }  // namespace evk

@@ -1,8 +1,8 @@
 // The operator implementation table: a registry of kernel variants and the rules (from
 // kernels/optable.tsv, compiled in, or a tuned table loaded at run time) that pick one per
-// (operator, format, phase, shape, CPU features). Attention and the exp-based element-wise
-// operators (softmax, gelu_tanh, silu_mul) are chosen by the same rules, once per process; the
-// other element-wise operators have a single variant and are filled directly.
+// (operator, format, phase, shape, CPU features). Attention and the element-wise operators
+// (softmax, gelu_tanh, silu_mul, rmsnorm, layernorm, rope, add) are chosen by the same rules, once
+// per process.
 #include <initializer_list>
 #if defined(__aarch64__)
 #include <sys/auxv.h>
@@ -23,16 +23,18 @@
 #include "ops.h"
 
 #ifndef EVK_DEFAULT_OPTABLE
-#define EVK_DEFAULT_OPTABLE "matmul * * any - ref;attention * * any - ref;softmax * * any - ref;gelu_tanh * * any - ref;silu_mul * * any - ref"
+#define EVK_DEFAULT_OPTABLE \
+    "matmul * * any - ref;attention * * any - ref;softmax * * any - ref;gelu_tanh * * any - ref;silu_mul * * any - ref;" \
+    "rmsnorm * * any - ref;layernorm * * any - ref;rope * * any - ref;add * * any - ref"
 #endif
 
 namespace evk {
 
-void rmsnorm_ref(const float*, const float*, float*, int64_t, float);
-void layernorm_ref(const float*, const float*, const float*, float*, int64_t, float);
-void rope_ref(float*, int64_t, int64_t, int64_t, const float*, bool);
-void add_ref(float*, const float*, int64_t);
 #if defined(__aarch64__)
+void rmsnorm_neon(const float*, const float*, float*, int64_t, float);
+void layernorm_neon(const float*, const float*, const float*, float*, int64_t, float);
+void rope_neon(float*, int64_t, int64_t, int64_t, const float*, bool);
+void add_neon(float*, const float*, int64_t);
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
 void matmul_neon_q8act_dot_x8(const MatmulArgs&);
@@ -51,6 +53,10 @@ void attention_avx2(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
 void gelu_tanh_avx2(float*, int64_t);
 void silu_mul_avx2(float*, const float*, int64_t);
+void rmsnorm_avx2(const float*, const float*, float*, int64_t, float);
+void layernorm_avx2(const float*, const float*, const float*, float*, int64_t, float);
+void rope_avx2(float*, int64_t, int64_t, int64_t, const float*, bool);
+void add_avx2(float*, const float*, int64_t);
 #endif
 
 namespace {
@@ -109,6 +115,12 @@ CpuFeatures detect_cpu_features() {
 
 namespace {
 
+// add has silu_mul's signature: its kernels are registered wrapped in this, so that the type still
+// names the operator.
+struct AddKernel {
+    AddFn fn;
+};
+
 // One kernel of any operator: the operator's name follows from the function's type, so a
 // variant cannot be registered under the wrong operator.
 struct Kernel {
@@ -118,12 +130,20 @@ struct Kernel {
     SoftmaxFn softmax = nullptr;
     GeluFn gelu_tanh = nullptr;
     SiluMulFn silu_mul = nullptr;
+    RmsNormFn rmsnorm = nullptr;
+    LayerNormFn layernorm = nullptr;
+    RopeFn rope = nullptr;
+    AddFn add = nullptr;
     // Implicit on purpose: the registry below lists bare function names.
     Kernel(MatmulFn f) : op("matmul"), matmul(f) {}
     Kernel(AttentionFn f) : op("attention"), attention(f) {}
     Kernel(SoftmaxFn f) : op("softmax"), softmax(f) {}
     Kernel(GeluFn f) : op("gelu_tanh"), gelu_tanh(f) {}
     Kernel(SiluMulFn f) : op("silu_mul"), silu_mul(f) {}
+    Kernel(RmsNormFn f) : op("rmsnorm"), rmsnorm(f) {}
+    Kernel(LayerNormFn f) : op("layernorm"), layernorm(f) {}
+    Kernel(RopeFn f) : op("rope"), rope(f) {}
+    Kernel(AddKernel f) : op("add"), add(f.fn) {}
 };
 
 const MatmulPacking kPackX8{"x8", WLayout::kX8, x8_packed_bytes, x8_pack};
@@ -150,7 +170,15 @@ const std::vector<Variant>& registry() {
         {"ref", softmax_ref, {}, "-"},
         {"ref", gelu_tanh_ref, {}, "-"},
         {"ref", silu_mul_ref, {}, "-"},
+        {"ref", rmsnorm_ref, {}, "-"},
+        {"ref", layernorm_ref, {}, "-"},
+        {"ref", rope_ref, {}, "-"},
+        {"ref", AddKernel{add_ref}, {}, "-"},
 #if defined(__aarch64__)
+        {"neon", rmsnorm_neon, {}, "neon"},
+        {"neon", layernorm_neon, {}, "neon"},
+        {"neon", rope_neon, {}, "neon"},
+        {"neon", AddKernel{add_neon}, {}, "neon"},
         {"neon_f32act", matmul_neon_f32act, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
         {"neon_q8act_dot", matmul_neon_q8act_dot, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
         {"neon_q8act_dot_x8", matmul_neon_q8act_dot_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
@@ -171,6 +199,10 @@ const std::vector<Variant>& registry() {
         {"avx2", softmax_avx2, {}, "avx2,fma,f16c"},
         {"avx2", gelu_tanh_avx2, {}, "avx2,fma,f16c"},
         {"avx2", silu_mul_avx2, {}, "avx2,fma,f16c"},
+        {"avx2", rmsnorm_avx2, {}, "avx2,fma,f16c"},
+        {"avx2", layernorm_avx2, {}, "avx2,fma,f16c"},
+        {"avx2", rope_avx2, {}, "avx2,fma,f16c"},
+        {"avx2", AddKernel{add_avx2}, {}, "avx2,fma,f16c"},
 #endif
     };
     return v;
@@ -303,9 +335,13 @@ OpTable make_reference() {
     t.silu_mul = silu_mul_ref;
     t.silu_mul_variant = "ref";
     t.rmsnorm = rmsnorm_ref;
+    t.rmsnorm_variant = "ref";
     t.layernorm = layernorm_ref;
+    t.layernorm_variant = "ref";
     t.rope = rope_ref;
+    t.rope_variant = "ref";
     t.add = add_ref;
+    t.add_variant = "ref";
     return t;
 }
 
@@ -392,6 +428,26 @@ SiluMulFn silu_mul_variant(const std::string& name) {
     return v ? v->fn.silu_mul : nullptr;
 }
 
+RmsNormFn rmsnorm_variant(const std::string& name) {
+    const Variant* v = runnable("rmsnorm", name);
+    return v ? v->fn.rmsnorm : nullptr;
+}
+
+LayerNormFn layernorm_variant(const std::string& name) {
+    const Variant* v = runnable("layernorm", name);
+    return v ? v->fn.layernorm : nullptr;
+}
+
+RopeFn rope_variant(const std::string& name) {
+    const Variant* v = runnable("rope", name);
+    return v ? v->fn.rope : nullptr;
+}
+
+AddFn add_variant(const std::string& name) {
+    const Variant* v = runnable("add", name);
+    return v ? v->fn.add : nullptr;
+}
+
 const OpTable& reference_ops() {
     static const OpTable t = make_reference();
     return t;
@@ -412,6 +468,18 @@ const OpTable& best_ops() {
         const Variant& si = choose_variant("silu_mul");
         b.silu_mul = si.fn.silu_mul;
         b.silu_mul_variant = si.name;
+        const Variant& rn = choose_variant("rmsnorm");
+        b.rmsnorm = rn.fn.rmsnorm;
+        b.rmsnorm_variant = rn.name;
+        const Variant& ln = choose_variant("layernorm");
+        b.layernorm = ln.fn.layernorm;
+        b.layernorm_variant = ln.name;
+        const Variant& ro = choose_variant("rope");
+        b.rope = ro.fn.rope;
+        b.rope_variant = ro.name;
+        const Variant& ad = choose_variant("add");
+        b.add = ad.fn.add;
+        b.add_variant = ad.name;
         return b;
     }();
     return t;

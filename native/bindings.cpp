@@ -296,11 +296,88 @@ PYBIND11_MODULE(_engine, m) {
             const float* bp = bb.data();
             py::gil_scoped_release nogil;
             fn(y, bp, n);
+        } else if (op == "add") {
+            const evk::AddFn fn = named ? evk::add_variant(variant) : table.add;
+            if (!fn) throw py::value_error("add variant '" + variant + "' does not run here");
+            if (b.is_none()) throw py::value_error("add needs b");
+            const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+            if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");
+            const float* bp = bb.data();
+            py::gil_scoped_release nogil;
+            fn(y, bp, n);
         } else {
-            throw py::value_error("unknown element-wise operator '" + op + "' (softmax, gelu_tanh, silu_mul)");
+            throw py::value_error("unknown element-wise operator '" + op + "' (softmax, gelu_tanh, silu_mul, add)");
         }
         return out;
     }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("b") = py::none(), py::arg("scale") = 1.f);
+
+    // rmsnorm or layernorm of each row of x (2-D, or 1-D: one row) by a named variant ('ref', 'best'
+    // or a variant name): w (and for layernorm the optional b) as long as a row.
+    m.def("kernel_norm", [](const std::string& op, const std::string& variant,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> w, py::object b, float eps) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const int64_t cols = x.shape(x.ndim() - 1), rows = x.size() / cols;
+        if (w.ndim() != 1 || w.shape(0) != cols) throw py::value_error("w must be 1-D, as long as a row of x");
+        const evk::OpTable& table = variant == "best" ? evk::best_ops() : evk::reference_ops();
+        const bool named = variant != "best" && variant != "ref";
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        float* y = out.mutable_data();
+        const float* xp = x.data();
+        const float* wp = w.data();
+        if (op == "rmsnorm") {
+            const evk::RmsNormFn fn = named ? evk::rmsnorm_variant(variant) : table.rmsnorm;
+            if (!fn) throw py::value_error("rmsnorm variant '" + variant + "' does not run here");
+            if (!b.is_none()) throw py::value_error("rmsnorm takes no b");
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, y + r * cols, cols, eps);
+        } else if (op == "layernorm") {
+            const evk::LayerNormFn fn = named ? evk::layernorm_variant(variant) : table.layernorm;
+            if (!fn) throw py::value_error("layernorm variant '" + variant + "' does not run here");
+            py::array_t<float, py::array::c_style | py::array::forcecast> bb;
+            const float* bp = nullptr;
+            if (!b.is_none()) {
+                bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+                if (!bb || bb.ndim() != 1 || bb.shape(0) != cols) throw py::value_error("b must be 1-D, as long as a row of x");
+                bp = bb.data();
+            }
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, bp, y + r * cols, cols, eps);
+        } else {
+            throw py::value_error("unknown norm '" + op + "' (rmsnorm, layernorm)");
+        }
+        return out;
+    }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("w"), py::arg("b") = py::none(), py::arg("eps") = 1e-5f);
+
+    // rope by a named variant on a copy of x: each row of x (2-D, or 1-D: one row) holds n_heads
+    // heads head_dim apart (a row may be longer); cs the rope_dims (cos, sin) values of one position.
+    m.def("kernel_rope", [](const std::string& variant, py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                            int64_t n_heads, int64_t head_dim, int64_t rope_dims,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> cs, bool neox) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const int64_t cols = x.shape(x.ndim() - 1), rows = x.size() / cols;
+        if (n_heads < 1 || head_dim < 1 || rope_dims < 0 || rope_dims > head_dim || n_heads * head_dim > cols)
+            throw py::value_error("need n_heads, head_dim >= 1, rope_dims in [0, head_dim], n_heads * head_dim <= row length");
+        if (cs.size() < rope_dims / 2 * 2) throw py::value_error("cs must hold rope_dims / 2 (cos, sin) pairs");
+        const evk::RopeFn fn = variant == "best" ? evk::best_ops().rope : variant == "ref" ? evk::reference_ops().rope
+                                                                                           : evk::rope_variant(variant);
+        if (!fn) throw py::value_error("rope variant '" + variant + "' does not run here");
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        float* y = out.mutable_data();
+        std::memcpy(y, x.data(), static_cast<size_t>(x.size()) * sizeof(float));
+        const float* c = cs.data();
+        py::gil_scoped_release nogil;
+        for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, n_heads, head_dim, rope_dims, c, neox);
+        return out;
+    }, py::arg("variant"), py::arg("x"), py::arg("n_heads"), py::arg("head_dim"), py::arg("rope_dims"), py::arg("cs"),
+       py::arg("neox") = false);
+
+    m.def("rope_angles", [](float pos, float theta_base, int64_t rope_dims) {
+        if (rope_dims < 0) throw py::value_error("rope_dims must be >= 0");
+        py::array_t<float> cs(rope_dims / 2 * 2);
+        evk::rope_angles(pos, theta_base, rope_dims, cs.mutable_data());
+        return cs;
+    }, py::arg("pos"), py::arg("theta_base"), py::arg("rope_dims"), "(cos, sin) of each rope pair at a position.");
 
     m.def("choose", [](const std::string& op) {
         try {
@@ -308,7 +385,8 @@ PYBIND11_MODULE(_engine, m) {
         } catch (const std::invalid_argument& e) {
             throw py::value_error(e.what());
         }
-    }, "The variant the active operator table picks for attention, softmax, gelu_tanh or silu_mul.");
+    }, "The variant the active operator table picks for attention or an element-wise operator (softmax, gelu_tanh, "
+       "silu_mul, rmsnorm, layernorm, rope, add).");
 
     m.def("quantize", [](const std::string& wtype, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
         const evk::DType t = dtype_named(wtype);
@@ -353,6 +431,10 @@ PYBIND11_MODULE(_engine, m) {
         d["softmax"] = b.softmax_variant;
         d["gelu_tanh"] = b.gelu_tanh_variant;
         d["silu_mul"] = b.silu_mul_variant;
+        d["rmsnorm"] = b.rmsnorm_variant;
+        d["layernorm"] = b.layernorm_variant;
+        d["rope"] = b.rope_variant;
+        d["add"] = b.add_variant;
         return d;
     });
 

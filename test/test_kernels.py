@@ -1,5 +1,5 @@
-"""Kernels against their references: every matmul, attention and exp-based element-wise variant
-that runs on this CPU (and 'best', what the operator table picks) against the scalar 'ref', and
+"""Kernels against their references: every matmul, attention, element-wise, norm, rope and add
+variant that runs on this CPU (and 'best', what the operator table picks) against the scalar 'ref', and
 'ref' against float64 numpy on the same dequantized weights (element-wise bounds: see the section
 at the end).
 
@@ -133,7 +133,7 @@ def test_every_variant_is_classified_and_best_is_not_ref() -> None:
     assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS, INT8_ACT_VARIANTS or SPLIT_BF16_VARIANTS"
     chosen = _engine.kernel_variants()
     assert set(chosen) == {f"matmul/{t}/{p}" for t in FLOAT_TYPES + QUANT_TYPES for p in ("decode", "prefill")} | {
-        "attention", "softmax", "gelu_tanh", "silu_mul"}
+        "attention", "softmax", "gelu_tanh", "silu_mul", "rmsnorm", "layernorm", "rope", "add"}
     for key, name in chosen.items():
         if key.startswith("matmul/"):
             assert name == "ref" or name in matmul_variants(key.split("/")[1]), (key, name)
@@ -643,3 +643,230 @@ def test_elementwise_argument_checks() -> None:
         _engine.kernel_elementwise("silu_mul", "ref", x, x[:4])
     with pytest.raises(ValueError):
         _engine.kernel_elementwise("gelu_tanh", "ref", x[:0])
+
+
+# --------------------------------------------------------------------------------------------
+# Norms, rope and add
+# --------------------------------------------------------------------------------------------
+# Error bounds (docs/kernels/elementwise-norms.md derives them), u = 2^-24, against the reference:
+#   rmsnorm: the variants add the squares in float lanes (avx2: 32 partial sums, neon: 16, then a
+#   fixed tree) where the reference adds in double; a partial of m terms is within m + 5 roundings
+#   of the exact sum, which moves the scale by half as much, plus a few roundings of the output:
+#   |got - ref| <= (n/32 + 10) u |ref| (n/32: the 16-partial case; measured worst ~0.4 of it);
+#   layernorm: the float mean is off by up to (n/16 + 6) u mean|x| (scaled by inv |w| in the
+#   output), the variance like rmsnorm's sum: (n/16 + 8) u inv |w| mean|x| + (n/32 + 12) u
+#   |(x - mean) inv w| + 2 u |b|;
+#   rope: the variants round one product fewer than the reference (an FMA): 4 u (|a| + |b|)(|c| + |s|)
+#   per rotated element; elements past the rotated pairs are left bit for bit;
+#   add: one rounding, as in the reference: bit for bit.
+U = 2.0 ** -24
+NORM_SIZES = (1, 7, 8, 9, 63, 64, 65, 576, 577, 768, 1000)
+NORM_OPS = ("rmsnorm", "layernorm", "rope", "add")
+
+
+def norm_inputs(n: int, offset: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x: 5 rows of n, w, b): x normal * 2 + offset (a residual stream's rows are not centred)."""
+    rng = np.random.default_rng(n * 7 + abs(int(offset * 10)) + 1)
+    x = rng.standard_normal((5, n)) * 2.0 + offset
+    x[1] *= 1e-3  # a row of tiny values: eps matters
+    w = 1.0 + 0.3 * rng.standard_normal(n)
+    b = rng.standard_normal(n)
+    return x.astype(np.float32), w.astype(np.float32), b.astype(np.float32)
+
+
+def rmsnorm64(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + np.float32(eps)) * w
+
+
+def layernorm_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -> np.ndarray:
+    n = x.shape[-1]
+    x64 = x.astype(np.float64)
+    mu = x64.mean(axis=-1, keepdims=True)
+    inv = 1.0 / np.sqrt(((x64 - mu) ** 2).mean(axis=-1, keepdims=True) + np.float32(eps))
+    bound = U * ((n / 16 + 8) * inv * np.abs(w) * np.abs(x64).mean(axis=-1, keepdims=True)
+                 + (n / 32 + 12) * np.abs((x64 - mu) * inv * w))
+    return bound + (2 * U * np.abs(b) if b is not None else 0.0)
+
+
+def test_norm_variants_are_chosen() -> None:
+    """With AVX2 + FMA the operator table serves rmsnorm, layernorm, rope and add with 'avx2'."""
+    chosen = _engine.kernel_variants()
+    feats = _engine.cpu_features()
+    for op in NORM_OPS:
+        assert chosen[op] == _engine.choose(op)
+        assert chosen[op] == "ref" or chosen[op] in ew_variants(op)
+        if feats["avx2"] and feats["fma"] and feats["f16c"]:
+            assert chosen[op] == "avx2", (op, chosen[op])
+            assert "avx2" in ew_variants(op)
+
+
+@pytest.mark.parametrize("offset", [0.0, 3.0, -40.0])
+def test_rmsnorm_variants_vs_ref_vs_numpy(offset: float) -> None:
+    chosen = _engine.kernel_variants()["rmsnorm"]
+    for n in NORM_SIZES:
+        x, w, _ = norm_inputs(n, offset)
+        for eps in (1e-5, 1e-6):
+            want = rmsnorm64(x, w, eps)
+            ref = _engine.kernel_norm("rmsnorm", "ref", x, w, eps=eps)
+            assert ref.shape == x.shape and ref.dtype == np.float32
+            check_close(ref, want, 6 * U * np.abs(want) + 1e-30, f"rmsnorm ref n={n} vs numpy")
+            for variant in ew_variants("rmsnorm"):
+                got = _engine.kernel_norm("rmsnorm", variant, x, w, eps=eps)
+                bound = (n / 32 + 10) * U * np.abs(ref.astype(np.float64)) + 1e-30
+                check_close(got, ref, bound, f"rmsnorm {variant} n={n} offset={offset} eps={eps} vs ref")
+                check_close(got, want, bound + 6 * U * np.abs(want), f"rmsnorm {variant} n={n} vs numpy")
+                if variant == chosen:
+                    assert same_bits(_engine.kernel_norm("rmsnorm", "best", x, w, eps=eps), got)
+
+
+@pytest.mark.parametrize("offset", [0.0, 3.0, -40.0])
+def test_layernorm_variants_vs_ref_vs_numpy(offset: float) -> None:
+    chosen = _engine.kernel_variants()["layernorm"]
+    for n in NORM_SIZES:
+        x, w, b = norm_inputs(n, offset)
+        for bias in (b, None):
+            x64 = x.astype(np.float64)
+            mu = x64.mean(axis=-1, keepdims=True)
+            want = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(axis=-1, keepdims=True) + np.float32(1e-6)) * w
+            if bias is not None:
+                want = want + bias
+            bound = layernorm_bound(x, w, bias, 1e-6) + 1e-30
+            ref = _engine.kernel_norm("layernorm", "ref", x, w, bias, eps=1e-6)
+            assert ref.shape == x.shape and ref.dtype == np.float32
+            check_close(ref, want, bound, f"layernorm ref n={n} vs numpy")
+            for variant in ew_variants("layernorm"):
+                got = _engine.kernel_norm("layernorm", variant, x, w, bias, eps=1e-6)
+                what = f"layernorm {variant} n={n} offset={offset} bias={bias is not None}"
+                check_close(got, ref, bound, what + " vs ref")
+                check_close(got, want, 2 * bound, what + " vs numpy")
+                if variant == chosen:
+                    assert same_bits(_engine.kernel_norm("layernorm", "best", x, w, bias, eps=1e-6), got)
+
+
+def test_norm_tolerances_have_teeth() -> None:
+    """The bounds above are far below what a lost tail or a wrong sign does: the sum of squares
+    without its last 7 elements (a dropped masked tail, n = 63) moves rmsnorm by a few percent, the
+    bound is (63/32 + 10) u = 7e-7 relative; rope with the sine's sign flipped is off by 2 |b s|."""
+    x, w, _ = norm_inputs(63, 3.0)
+    ref = _engine.kernel_norm("rmsnorm", "ref", x, w, eps=1e-5).astype(np.float64)
+    x64 = x.astype(np.float64)
+    lost = x64 / np.sqrt((x64[:, :56] ** 2).sum(-1, keepdims=True) / 63 + np.float32(1e-5)) * w
+    assert np.min(np.abs(lost - ref) / ((63 / 32 + 10) * U * np.abs(ref) + 1e-30)) > 100
+    rng = np.random.default_rng(2)
+    a, b, t = rng.standard_normal(1000), rng.standard_normal(1000), rng.uniform(-3, 3, 1000)
+    c, s = np.cos(t), np.sin(t)
+    wrong = (a * c + b * s) - (a * c - b * s)
+    assert np.median(np.abs(wrong) / (4 * U * (np.abs(a) + np.abs(b)) * (np.abs(c) + np.abs(s)))) > 1e5
+
+
+def rope_cases() -> list[tuple[int, int, int]]:
+    """(n_heads, head_dim, rope_dims): odd and even head_dims, rope_dims < head_dim (odd too)."""
+    cases = []
+    for head_dim in (2, 3, 7, 8, 13, 16, 17, 32, 64, 80, 128):
+        for rope_dims in sorted({head_dim, head_dim - 1, head_dim // 2, 2}):
+            if 2 <= rope_dims <= head_dim:
+                cases += [(h, head_dim, rope_dims) for h in (1, 3, 9)]
+    return cases
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_variants_vs_ref_vs_numpy(neox: bool) -> None:
+    chosen = _engine.kernel_variants()["rope"]
+    rng = np.random.default_rng(3 + neox)
+    for n_heads, head_dim, rope_dims in rope_cases():
+        half = rope_dims // 2
+        # Row length past the heads (a guard the kernel must not touch), 4 positions' rows.
+        x = (rng.standard_normal((4, n_heads * head_dim + 5)) * 4).astype(np.float32)
+        pos = float(rng.integers(0, 5000))
+        cs = _engine.rope_angles(pos, 10000.0, rope_dims)
+        assert cs.shape == (2 * half,)
+        c, s = cs[0::2].astype(np.float64), cs[1::2].astype(np.float64)
+        heads = x[:, :n_heads * head_dim].reshape(4, n_heads, head_dim).astype(np.float64)
+        i0 = np.arange(half) if neox else 2 * np.arange(half)
+        i1 = i0 + half if neox else i0 + 1
+        a, b = heads[..., i0], heads[..., i1]
+        want = heads.copy()
+        want[..., i0] = a * c - b * s
+        want[..., i1] = a * s + b * c
+        scale = (np.abs(a) + np.abs(b)) * (np.abs(c) + np.abs(s))
+        bound = np.zeros_like(want)
+        bound[..., i0] = bound[..., i1] = 4 * U * scale
+        ref = _engine.kernel_rope("ref", x, n_heads, head_dim, rope_dims, cs, neox)
+        what = f"heads={n_heads} head_dim={head_dim} rope_dims={rope_dims} neox={neox}"
+        for variant in ["ref", *ew_variants("rope")]:
+            got = _engine.kernel_rope(variant, x, n_heads, head_dim, rope_dims, cs, neox)
+            assert got.shape == x.shape and got.dtype == np.float32
+            assert same_bits(got[:, n_heads * head_dim:], x[:, n_heads * head_dim:]), what  # past the heads
+            g = got[:, :n_heads * head_dim].reshape(4, n_heads, head_dim)
+            x_heads = x[:, :n_heads * head_dim].reshape(4, n_heads, head_dim)
+            untouched = np.arange(2 * half, head_dim)
+            assert np.array_equal(g[..., untouched], x_heads[..., untouched]), what  # no NaN in x: values suffice
+            check_close(g, want, bound / 2 + 1e-30, f"rope {variant} {what} vs numpy")
+            if variant != "ref":
+                check_close(g, ref[:, :n_heads * head_dim].reshape(4, n_heads, head_dim), bound + 1e-30,
+                            f"rope {variant} {what} vs ref")
+            if variant == chosen:
+                assert same_bits(_engine.kernel_rope("best", x, n_heads, head_dim, rope_dims, cs, neox), got), what
+
+
+def rope_pairs(v: np.ndarray, n_heads: int, neox: bool) -> np.ndarray:
+    """(2, rows, n_heads, 32): the two members of each pair of 64-float heads."""
+    p = v.reshape(-1, n_heads, 2, 32) if neox else v.reshape(-1, n_heads, 32, 2).swapaxes(2, 3)
+    return np.moveaxis(p, 2, 0)
+
+
+def test_rope_model_shapes_and_rotation() -> None:
+    """SmolLM2's shapes (9 query heads, 3 kv heads of 64): a rotation keeps each pair's norm, and
+    position 0 (cos 1, sin 0) changes nothing, bit for bit."""
+    rng = np.random.default_rng(9)
+    for n_heads in (9, 3):
+        x = rng.standard_normal((3, n_heads * 64)).astype(np.float32)
+        for variant in ["ref", "best", *ew_variants("rope")]:
+            for neox in (False, True):
+                at0 = _engine.kernel_rope(variant, x, n_heads, 64, 64, _engine.rope_angles(0.0, 1e4, 64), neox)
+                assert same_bits(at0, x), (variant, n_heads, neox)
+                got = _engine.kernel_rope(variant, x, n_heads, 64, 64, _engine.rope_angles(123.0, 1e4, 64), neox)
+                r_in = np.hypot(*rope_pairs(x.astype(np.float64), n_heads, neox))
+                r_out = np.hypot(*rope_pairs(got.astype(np.float64), n_heads, neox))
+                assert np.all(np.abs(r_out - r_in) <= 8 * U * r_in + 1e-30), (variant, n_heads, neox)
+
+
+def test_add_variants_are_exact() -> None:
+    rng = np.random.default_rng(4)
+    chosen = _engine.kernel_variants()["add"]
+    for n in NORM_SIZES + (4097,):
+        a = (rng.standard_normal((3, n)) * 10).astype(np.float32)
+        b = (rng.standard_normal((3, n)) * 10).astype(np.float32)
+        want = a + b  # numpy's float32 sum: one rounding
+        for variant in ["ref", "best", *ew_variants("add")]:
+            got = _engine.kernel_elementwise("add", variant, a, b)
+            assert same_bits(got, want), (variant, n)
+        if chosen != "ref":
+            assert chosen in ew_variants("add")
+
+
+def test_norm_argument_checks() -> None:
+    x = np.zeros((2, 8), np.float32)
+    w = np.ones(8, np.float32)
+    with pytest.raises(ValueError):
+        _engine.kernel_norm("rmsnorm", "no_such_variant", x, w)
+    with pytest.raises(ValueError):
+        _engine.kernel_norm("no_such_norm", "ref", x, w)
+    with pytest.raises(ValueError):
+        _engine.kernel_norm("rmsnorm", "ref", x, w[:4])
+    with pytest.raises(ValueError):
+        _engine.kernel_norm("rmsnorm", "ref", x, w, w)  # rmsnorm has no bias
+    with pytest.raises(ValueError):
+        _engine.kernel_norm("layernorm", "ref", x, w, w[:4])
+    with pytest.raises(ValueError):
+        _engine.kernel_elementwise("add", "ref", x)  # b missing
+    cs = _engine.rope_angles(1.0, 1e4, 8)
+    with pytest.raises(ValueError):
+        _engine.kernel_rope("ref", x, 2, 8, 8, cs)  # 16 floats of heads in a row of 8
+    with pytest.raises(ValueError):
+        _engine.kernel_rope("ref", x, 1, 8, 10, cs)  # rope_dims > head_dim
+    with pytest.raises(ValueError):
+        _engine.kernel_rope("ref", x, 1, 8, 8, cs[:4])
+    with pytest.raises(ValueError):
+        _engine.kernel_rope("no_such_variant", x, 1, 8, 8, cs)

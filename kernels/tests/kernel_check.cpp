@@ -1,6 +1,7 @@
 // Standalone check of every kernel variant this build registers against the scalar reference,
 // on random inputs of awkward sizes. Built natively and with the aarch64 cross compiler (run
 // under qemu-aarch64) by test/test_kernels_native.py. Prints "N passed, M failed".
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -246,6 +247,101 @@ int main() {
                 check(bad == 0, v.op + "/" + v.name + " n=" + std::to_string(n) + " spread=" + std::to_string(spread) +
                                     ": " + std::to_string(bad) + " off");
             }
+    }
+    // Norms, rope and add against the reference (docs/kernels/elementwise-norms.md derives the
+    // bounds; u = 2^-24). rmsnorm: the variants add squares in float lanes (16 or 32 partial sums,
+    // then a tree), the reference in double: |got - want| <= (n/32 + 10) u |want|. layernorm: the
+    // mean's error scales with mean|x|, the variance's like rmsnorm's:
+    // (n/16 + 8) u inv |w| mean|x| + (n/32 + 12) u |(x - mean) inv w| + 2 u |b|. rope: both round a
+    // product fewer times than the reference: 4 u (|a| + |b|)(|c| + |s|) per element, untouched
+    // elements bit for bit. add: one rounding, as in the reference: bit for bit. Eight guard values
+    // after each output must be left alone.
+    const int64_t norm_sizes[] = {1, 7, 8, 9, 31, 33, 63, 64, 65, 576, 577, 768, 1000, 4097};
+    const double u = std::ldexp(1.0, -24);
+    const float guard = 12345.f;
+    for (const VariantInfo& v : list_variants()) {
+        if (!v.available || v.name == "ref") continue;
+        if (v.op == "rmsnorm" || v.op == "layernorm" || v.op == "add") {
+            for (float offset : {0.f, 3.f, -40.f})
+                for (int64_t n : norm_sizes) {
+                    std::vector<float> x(n + 8, guard), w(n + 8, guard), b(n + 8, guard);
+                    for (int64_t i = 0; i < n; ++i) x[i] = nd(rng) * 2.f + offset, w[i] = 1.f + 0.3f * nd(rng), b[i] = nd(rng);
+                    std::vector<float> want(n + 8, guard), got(n + 8, guard);
+                    int bad = 0;
+                    if (v.op == "add") {
+                        want = x, got = x;
+                        add_ref(want.data(), b.data(), n);
+                        add_variant(v.name)(got.data(), b.data(), n);
+                        bad += std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0;
+                    } else if (v.op == "rmsnorm") {
+                        rmsnorm_ref(x.data(), w.data(), want.data(), n, 1e-5f);
+                        rmsnorm_variant(v.name)(x.data(), w.data(), got.data(), n, 1e-5f);
+                        for (int64_t i = 0; i < n; ++i)
+                            bad += !(std::fabs(static_cast<double>(got[i]) - want[i]) <= (n / 32.0 + 10) * u * std::fabs(want[i]));
+                    } else {
+                        double mean = 0, var = 0, mabs = 0;
+                        for (int64_t i = 0; i < n; ++i) mean += x[i], mabs += std::fabs(x[i]);
+                        mean /= n, mabs /= n;
+                        for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+                        const double inv = 1.0 / std::sqrt(var / n + 1e-5);
+                        for (const float* bp : {static_cast<const float*>(b.data()), static_cast<const float*>(nullptr)}) {
+                            std::fill(want.begin(), want.end(), guard);
+                            std::fill(got.begin(), got.end(), guard);
+                            layernorm_ref(x.data(), w.data(), bp, want.data(), n, 1e-5f);
+                            layernorm_variant(v.name)(x.data(), w.data(), bp, got.data(), n, 1e-5f);
+                            for (int64_t i = 0; i < n; ++i) {
+                                const double tol = u * ((n / 16.0 + 8) * inv * std::fabs(w[i]) * mabs +
+                                                        (n / 32.0 + 12) * std::fabs((x[i] - mean) * inv * w[i]) + 2 * (bp ? std::fabs(bp[i]) : 0.0));
+                                bad += !(std::fabs(static_cast<double>(got[i]) - want[i]) <= tol);
+                            }
+                            for (int64_t i = n; i < n + 8; ++i) bad += got[i] != guard;
+                        }
+                    }
+                    for (int64_t i = n; i < n + 8; ++i) bad += got[i] != guard;
+                    check(bad == 0, v.op + "/" + v.name + " n=" + std::to_string(n) + " offset=" + std::to_string(offset) + ": " +
+                                        std::to_string(bad) + " off");
+                }
+        } else if (v.op == "rope") {
+            const RopeFn fn = rope_variant(v.name);
+            std::uniform_real_distribution<float> angle(-3.2f, 3.2f);
+            for (int64_t head_dim : {2, 3, 7, 8, 13, 16, 17, 32, 64, 80, 128})
+                for (int64_t rope_dims : {head_dim, head_dim - 1, head_dim / 2, int64_t{2}})
+                    for (int64_t n_heads : {1, 3, 9})
+                        for (bool neox : {false, true}) {
+                            if (rope_dims < 2 || rope_dims > head_dim) continue;
+                            std::vector<float> cs(rope_dims + 8, guard);
+                            for (int64_t i = 0; i < rope_dims / 2; ++i) {
+                                const float t = angle(rng);
+                                cs[2 * i] = std::cos(t), cs[2 * i + 1] = std::sin(t);
+                            }
+                            const int64_t len = n_heads * head_dim;
+                            std::vector<float> x(len + 8, guard);
+                            for (int64_t i = 0; i < len; ++i) x[i] = nd(rng) * 4.f;
+                            std::vector<float> want = x, got = x;
+                            rope_ref(want.data(), n_heads, head_dim, rope_dims, cs.data(), neox);
+                            fn(got.data(), n_heads, head_dim, rope_dims, cs.data(), neox);
+                            const int64_t half = rope_dims / 2;
+                            int bad = 0;
+                            for (int64_t h = 0; h < n_heads; ++h) {
+                                const float* xh = &x[h * head_dim];
+                                for (int64_t j = 0; j < head_dim; ++j) {
+                                    const int64_t k = h * head_dim + j;
+                                    if (j >= 2 * half) {  // not rotated: untouched
+                                        bad += got[k] != x[k];
+                                        continue;
+                                    }
+                                    const int64_t pair = neox ? j % half : j / 2;
+                                    const float a = xh[neox ? pair : 2 * pair], bb = xh[neox ? pair + half : 2 * pair + 1];
+                                    const double tol = 4 * u * (std::fabs(a) + std::fabs(bb)) * (std::fabs(cs[2 * pair]) + std::fabs(cs[2 * pair + 1]));
+                                    bad += !(std::fabs(static_cast<double>(got[k]) - want[k]) <= tol);
+                                }
+                            }
+                            for (int64_t i = len; i < len + 8; ++i) bad += got[i] != guard;
+                            check(bad == 0, "rope/" + v.name + " head_dim=" + std::to_string(head_dim) + " rope_dims=" +
+                                                std::to_string(rope_dims) + " heads=" + std::to_string(n_heads) +
+                                                (neox ? " neox" : " normal") + ": " + std::to_string(bad) + " off");
+                        }
+        }
     }
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;

@@ -277,7 +277,8 @@ std::string ClipVisionModel::variants() const {
     const Weight& w = layers_.empty() ? proj_w_ : layers_[0].wq;
     return std::string("layers (") + evk::type_traits(w.type)->name + "): prefill=" + w.prefill.name + "; patch (" +
            evk::type_traits(patch_w_.type)->name + "): " + patch_w_.prefill.name + "; softmax=" +
-           compute_.ops().softmax_variant + "; gelu_tanh=" + compute_.ops().gelu_tanh_variant;
+           compute_.ops().softmax_variant + "; gelu_tanh=" + compute_.ops().gelu_tanh_variant + "; layernorm=" +
+           compute_.ops().layernorm_variant + "; add=" + compute_.ops().add_variant;
 }
 
 }  // namespace evn

@@ -285,7 +285,8 @@ std::string LlamaModel::variants() const {
                       " prefill=" + w.prefill.name + "; output (" + evk::type_traits(output_.type)->name +
                       "): decode=" + output_.decode.name + " prefill=" + output_.prefill.name +
                       "; attention=" + compute_.ops().attention_variant +
-                      "; silu_mul=" + compute_.ops().silu_mul_variant;
+                      "; silu_mul=" + compute_.ops().silu_mul_variant + "; rmsnorm=" + compute_.ops().rmsnorm_variant +
+                      "; rope=" + compute_.ops().rope_variant + "; add=" + compute_.ops().add_variant;
     return out;
 }
 
