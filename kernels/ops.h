@@ -101,7 +101,7 @@ struct OpTable {
 // CPU features the table is chosen from.
 struct CpuFeatures {
     bool avx2 = false, fma = false, f16c = false, avx512f = false, avx512bw = false, avx512vl = false;
-    bool avxvnni = false;
+    bool avxvnni = false, avx512vnni = false;
     // AVX512-BF16, and AMX tiles with BF16 products that the OS lets this process use (Linux asks
     // for the tile state with arch_prctl once).
     bool avx512bf16 = false, amx_bf16 = false;

@@ -46,6 +46,7 @@ void matmul_avx2_gemm(const MatmulArgs&);
 void matmul_avx2_q8act(const MatmulArgs&);
 void matmul_avx2_q8act_x8(const MatmulArgs&);
 void matmul_avxvnni_q8act_x8(const MatmulArgs&);
+void matmul_avx512vnni_q8act_x8(const MatmulArgs&);
 void matmul_avx512_gemm(const MatmulArgs&);
 void matmul_amx_gemm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
@@ -91,6 +92,8 @@ CpuFeatures probe_cpu_features() {
     f.avxvnni = f.avx2 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0;
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
+    // AVX512-VNNI (EVEX vpdpbusd on zmm): CPUID leaf 7 sub-leaf 0, ECX bit 11.
+    f.avx512vnni = f.avx512f && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 11)) != 0;
     f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C; GCC 12 cannot query it by name
     // AVX512-BF16: CPUID leaf 7 sub-leaf 1, EAX bit 5 (its ZMM state is AVX-512's).
     f.avx512bf16 = f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
@@ -195,6 +198,8 @@ const std::vector<Variant>& registry() {
         {"avx2_q8act", matmul_avx2_q8act, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {"avx2_q8act_x8", matmul_avx2_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
         {"avxvnni_q8act_x8", matmul_avxvnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
+        {"avx512vnni_q8act_x8", matmul_avx512vnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0},
+         "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackX8},
         {"avx2", attention_avx2, {}, "avx2,fma,f16c"},
         {"avx2", softmax_avx2, {}, "avx2,fma,f16c"},
         {"avx2", gelu_tanh_avx2, {}, "avx2,fma,f16c"},
@@ -221,7 +226,8 @@ bool has_features(const CpuFeatures& f, const std::string& list) {
     while (std::getline(ss, item, ',')) {
         const bool ok = item == "avx2" ? f.avx2 : item == "fma" ? f.fma : item == "f16c" ? f.f16c
                       : item == "avx512f" ? f.avx512f : item == "avx512bw" ? f.avx512bw
-                      : item == "avx512vl" ? f.avx512vl : item == "avxvnni" ? f.avxvnni : item == "avx512bf16" ? f.avx512bf16
+                      : item == "avx512vl" ? f.avx512vl : item == "avxvnni" ? f.avxvnni
+                      : item == "avx512vnni" ? f.avx512vnni : item == "avx512bf16" ? f.avx512bf16
                       : item == "amxbf16" ? f.amx_bf16 : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
                       : item == "i8mm" ? f.i8mm : false;
         if (!ok) return false;

@@ -122,7 +122,7 @@ PYBIND11_MODULE(_engine, m) {
         const evk::CpuFeatures f = evk::detect_cpu_features();
         py::dict d;
         d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f;
-        d["avx512bw"] = f.avx512bw; d["avx512vl"] = f.avx512vl; d["avxvnni"] = f.avxvnni;
+        d["avx512bw"] = f.avx512bw; d["avx512vl"] = f.avx512vl; d["avxvnni"] = f.avxvnni; d["avx512vnni"] = f.avx512vnni;
         d["avx512bf16"] = f.avx512bf16; d["amxbf16"] = f.amx_bf16;  // as the operator table names them
         d["neon"] = f.neon; d["dotprod"] = f.dotprod; d["i8mm"] = f.i8mm;
         return d;

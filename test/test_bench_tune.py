@@ -187,7 +187,9 @@ def test_tune_table_order_changes_the_choice(tmp_path, restore_optable):
     path = tmp_path / "t.tsv"
     path.write_text(text)
     optable.activate()
-    builtin = "avxvnni_q8act_x8" if _engine.cpu_features()["avxvnni"] else "avx2_q8act_x8"
+    cpu = _engine.cpu_features()
+    builtin = ("avx512vnni_q8act_x8" if cpu["avx512vnni"] and cpu["avx512bw"] and cpu["avx512vl"]
+               else "avxvnni_q8act_x8" if cpu["avxvnni"] else "avx2_q8act_x8")
     assert _engine.choose_matmul("Q4_1", "decode", 576, 576) == builtin  # built-in default
     optable.activate(path)
     assert _engine.choose_matmul("Q4_1", "decode", 576, 576) == "avx2_f32act"

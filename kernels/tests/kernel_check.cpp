@@ -77,8 +77,8 @@ int main() {
     std::mt19937 rng(1234);
     std::normal_distribution<float> nd(0.f, 1.f);
     const CpuFeatures f = detect_cpu_features();
-    std::printf("cpu: avx2=%d fma=%d avx512f=%d avx512bw=%d avx512vl=%d avxvnni=%d avx512bf16=%d amxbf16=%d neon=%d dotprod=%d i8mm=%d\n",
-                f.avx2, f.fma, f.avx512f, f.avx512bw, f.avx512vl, f.avxvnni, f.avx512bf16, f.amx_bf16, f.neon, f.dotprod, f.i8mm);
+    std::printf("cpu: avx2=%d fma=%d avx512f=%d avx512bw=%d avx512vl=%d avxvnni=%d avx512vnni=%d avx512bf16=%d amxbf16=%d neon=%d dotprod=%d i8mm=%d\n",
+                f.avx2, f.fma, f.avx512f, f.avx512bw, f.avx512vl, f.avxvnni, f.avx512vnni, f.avx512bf16, f.amx_bf16, f.neon, f.dotprod, f.i8mm);
     // 113 rows split 56 / 57: a 48-row panel of avx512_gemm plus a partial one; k = 416: two
     // 192-element k blocks of avx512_gemm and a tail block.
     const int64_t rows_set[] = {1, 3, 17, 64, 113};
