@@ -414,9 +414,15 @@ def run_camera(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         code = 0
     except (SourceError, ValueError, OSError, RuntimeError) as exc:
-        print(f"edgevlm camera: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
-        code = 1
+        # A signal shuts the context down from rclpy's handler: a publish caught in the middle of
+        # it fails ("publisher's context is invalid") before KeyboardInterrupt is raised. That
+        # is the Ctrl-C / SIGTERM ending, not an error.
+        if isinstance(exc, RuntimeError) and not rclpy.ok():
+            code = 0
+        else:
+            print(f"edgevlm camera: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                  file=sys.stderr)
+            code = 1
     finally:
         source.close()
         if node is not None:
