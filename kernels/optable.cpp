@@ -404,55 +404,30 @@ std::vector<VariantInfo> list_variants() {
     return out;
 }
 
-MatmulFn matmul_variant(const std::string& name) {
-    const Variant* v = runnable("matmul", name);
-    return v ? v->fn.matmul : nullptr;
+namespace {
+// The function a named, runnable variant of op puts in `slot`, or nullptr.
+template <class Fn>
+Fn variant_fn(const char* op, const std::string& name, Fn Kernel::*slot) {
+    const Variant* v = runnable(op, name);
+    return v ? v->fn.*slot : nullptr;
 }
+}  // namespace
+
+MatmulFn matmul_variant(const std::string& name) { return variant_fn("matmul", name, &Kernel::matmul); }
 
 MatmulChoice matmul_choice(const std::string& name) {
     const Variant* v = runnable("matmul", name);
     return v ? v->choice() : MatmulChoice{nullptr, "", nullptr};
 }
 
-AttentionFn attention_variant(const std::string& name) {
-    const Variant* v = runnable("attention", name);
-    return v ? v->fn.attention : nullptr;
-}
-
-SoftmaxFn softmax_variant(const std::string& name) {
-    const Variant* v = runnable("softmax", name);
-    return v ? v->fn.softmax : nullptr;
-}
-
-GeluFn gelu_tanh_variant(const std::string& name) {
-    const Variant* v = runnable("gelu_tanh", name);
-    return v ? v->fn.gelu_tanh : nullptr;
-}
-
-SiluMulFn silu_mul_variant(const std::string& name) {
-    const Variant* v = runnable("silu_mul", name);
-    return v ? v->fn.silu_mul : nullptr;
-}
-
-RmsNormFn rmsnorm_variant(const std::string& name) {
-    const Variant* v = runnable("rmsnorm", name);
-    return v ? v->fn.rmsnorm : nullptr;
-}
-
-LayerNormFn layernorm_variant(const std::string& name) {
-    const Variant* v = runnable("layernorm", name);
-    return v ? v->fn.layernorm : nullptr;
-}
-
-RopeFn rope_variant(const std::string& name) {
-    const Variant* v = runnable("rope", name);
-    return v ? v->fn.rope : nullptr;
-}
-
-AddFn add_variant(const std::string& name) {
-    const Variant* v = runnable("add", name);
-    return v ? v->fn.add : nullptr;
-}
+AttentionFn attention_variant(const std::string& name) { return variant_fn("attention", name, &Kernel::attention); }
+SoftmaxFn softmax_variant(const std::string& name) { return variant_fn("softmax", name, &Kernel::softmax); }
+GeluFn gelu_tanh_variant(const std::string& name) { return variant_fn("gelu_tanh", name, &Kernel::gelu_tanh); }
+SiluMulFn silu_mul_variant(const std::string& name) { return variant_fn("silu_mul", name, &Kernel::silu_mul); }
+RmsNormFn rmsnorm_variant(const std::string& name) { return variant_fn("rmsnorm", name, &Kernel::rmsnorm); }
+LayerNormFn layernorm_variant(const std::string& name) { return variant_fn("layernorm", name, &Kernel::layernorm); }
+RopeFn rope_variant(const std::string& name) { return variant_fn("rope", name, &Kernel::rope); }
+AddFn add_variant(const std::string& name) { return variant_fn("add", name, &Kernel::add); }
 
 const OpTable& reference_ops() {
     static const OpTable t = make_reference();
@@ -462,30 +437,20 @@ const OpTable& reference_ops() {
 const OpTable& best_ops() {
     static const OpTable t = [] {
         OpTable b = make_reference();
-        const Variant& att = choose_variant("attention");
-        b.attention = att.fn.attention;
-        b.attention_variant = att.name;
-        const Variant& sm = choose_variant("softmax");
-        b.softmax = sm.fn.softmax;
-        b.softmax_variant = sm.name;
-        const Variant& ge = choose_variant("gelu_tanh");
-        b.gelu_tanh = ge.fn.gelu_tanh;
-        b.gelu_tanh_variant = ge.name;
-        const Variant& si = choose_variant("silu_mul");
-        b.silu_mul = si.fn.silu_mul;
-        b.silu_mul_variant = si.name;
-        const Variant& rn = choose_variant("rmsnorm");
-        b.rmsnorm = rn.fn.rmsnorm;
-        b.rmsnorm_variant = rn.name;
-        const Variant& ln = choose_variant("layernorm");
-        b.layernorm = ln.fn.layernorm;
-        b.layernorm_variant = ln.name;
-        const Variant& ro = choose_variant("rope");
-        b.rope = ro.fn.rope;
-        b.rope_variant = ro.name;
-        const Variant& ad = choose_variant("add");
-        b.add = ad.fn.add;
-        b.add_variant = ad.name;
+        // The operator table's pick for op: its function into fn, its name into name.
+        auto pick = [](const char* op, auto Kernel::*slot, auto& fn, const char*& name) {
+            const Variant& v = choose_variant(op);
+            fn = v.fn.*slot;
+            name = v.name;
+        };
+        pick("attention", &Kernel::attention, b.attention, b.attention_variant);
+        pick("softmax", &Kernel::softmax, b.softmax, b.softmax_variant);
+        pick("gelu_tanh", &Kernel::gelu_tanh, b.gelu_tanh, b.gelu_tanh_variant);
+        pick("silu_mul", &Kernel::silu_mul, b.silu_mul, b.silu_mul_variant);
+        pick("rmsnorm", &Kernel::rmsnorm, b.rmsnorm, b.rmsnorm_variant);
+        pick("layernorm", &Kernel::layernorm, b.layernorm, b.layernorm_variant);
+        pick("rope", &Kernel::rope, b.rope, b.rope_variant);
+        pick("add", &Kernel::add, b.add, b.add_variant);
         return b;
     }();
     return t;
