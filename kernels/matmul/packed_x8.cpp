@@ -4,15 +4,6 @@
 
 namespace evk {
 
-size_t x8_block_bytes(DType t) {
-    switch (t) {
-    case DType::Q4_0: return 16 + 128;
-    case DType::Q4_1: return 32 + 128;
-    case DType::Q8_0: return 16 + 256;
-    default: return 0;
-    }
-}
-
 size_t x8_packed_bytes(DType t, int64_t rows, int64_t k) {
     const size_t bb = x8_block_bytes(t);
     if (bb == 0 || rows < 1 || k < kQK || k % kQK != 0) return 0;

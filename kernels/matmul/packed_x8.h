@@ -22,7 +22,10 @@ namespace evk {
 constexpr int64_t kPackRows = 8;
 
 // Bytes of one block of one group; 0 for a format the layout does not have.
-size_t x8_block_bytes(DType t);
+// Inline and constexpr: the kernels ask for it per group of rows, with T a template constant.
+constexpr size_t x8_block_bytes(DType t) {
+    return t == DType::Q4_0 ? 16 + 128 : t == DType::Q4_1 ? 32 + 128 : t == DType::Q8_0 ? 16 + 256 : 0;
+}
 // Bytes of the whole packed weight (rows rounded up to groups), or 0 when t has no x8 layout or
 // k is not a whole number of blocks.
 size_t x8_packed_bytes(DType t, int64_t rows, int64_t k);
