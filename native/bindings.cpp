@@ -287,19 +287,11 @@ PYBIND11_MODULE(_engine, m) {
             if (!b.is_none()) throw py::value_error("gelu_tanh takes no b");
             py::gil_scoped_release nogil;
             fn(y, n);
-        } else if (op == "silu_mul") {
-            const evk::SiluMulFn fn = named ? evk::silu_mul_variant(variant) : table.silu_mul;
-            if (!fn) throw py::value_error("silu_mul variant '" + variant + "' does not run here");
-            if (b.is_none()) throw py::value_error("silu_mul needs b");
-            const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
-            if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");
-            const float* bp = bb.data();
-            py::gil_scoped_release nogil;
-            fn(y, bp, n);
-        } else if (op == "add") {
-            const evk::AddFn fn = named ? evk::add_variant(variant) : table.add;
-            if (!fn) throw py::value_error("add variant '" + variant + "' does not run here");
-            if (b.is_none()) throw py::value_error("add needs b");
+        } else if (op == "silu_mul" || op == "add") {  // the same signature: a = f(a, b) over n
+            const evk::SiluMulFn fn = op == "add" ? (named ? evk::add_variant(variant) : table.add)
+                                                  : (named ? evk::silu_mul_variant(variant) : table.silu_mul);
+            if (!fn) throw py::value_error(op + " variant '" + variant + "' does not run here");
+            if (b.is_none()) throw py::value_error(op + " needs b");
             const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
             if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");
             const float* bp = bb.data();
