@@ -503,6 +503,7 @@ SOFTMAX_SUM_TOL = 1e-6
 EW_SIZES = (1, 7, 8, 9, 31, 33, 257, 1000, 4097)
 EW_SPREADS = (1.0, 8.0, 90.0, 1e4)
 EW_OPS = ("softmax", "gelu_tanh", "silu_mul")
+NORM_OPS = ("rmsnorm", "layernorm", "rope", "add")
 
 
 def ew_variants(op: str) -> list[str]:
@@ -562,15 +563,20 @@ def ew_bound(op: str, want: np.ndarray, x: np.ndarray, b: np.ndarray) -> np.ndar
     return bound
 
 
-def test_elementwise_variants_are_chosen() -> None:
-    """With AVX2 + FMA the operator table serves softmax, gelu_tanh and silu_mul with 'avx2'."""
+@pytest.mark.parametrize("op", EW_OPS + NORM_OPS)
+def test_elementwise_variant_is_chosen(op: str) -> None:
+    """With AVX2 + FMA the operator table serves softmax, gelu_tanh, silu_mul, rmsnorm, layernorm,
+    rope and add with 'avx2'."""
     chosen = _engine.kernel_variants()
+    assert chosen[op] == _engine.choose(op)
+    assert chosen[op] == "ref" or chosen[op] in ew_variants(op)
     feats = _engine.cpu_features()
-    for op in EW_OPS:
-        assert chosen[op] == _engine.choose(op)
-        assert chosen[op] == "ref" or chosen[op] in ew_variants(op)
-        if feats["avx2"] and feats["fma"] and feats["f16c"]:
-            assert chosen[op] == "avx2", (op, chosen[op])
+    if feats["avx2"] and feats["fma"] and feats["f16c"]:
+        assert chosen[op] == "avx2", (op, chosen[op])
+        assert "avx2" in ew_variants(op)
+
+
+def test_choose_rejects_matmul_and_unknown_operators() -> None:
     with pytest.raises(ValueError):
         _engine.choose("matmul")
     with pytest.raises(ValueError):
@@ -661,7 +667,6 @@ def test_elementwise_argument_checks() -> None:
 #   add: one rounding, as in the reference: bit for bit.
 U = 2.0 ** -24
 NORM_SIZES = (1, 7, 8, 9, 63, 64, 65, 576, 577, 768, 1000)
-NORM_OPS = ("rmsnorm", "layernorm", "rope", "add")
 
 
 def norm_inputs(n: int, offset: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -687,18 +692,6 @@ def layernorm_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: flo
     bound = U * ((n / 16 + 8) * inv * np.abs(w) * np.abs(x64).mean(axis=-1, keepdims=True)
                  + (n / 32 + 12) * np.abs((x64 - mu) * inv * w))
     return bound + (2 * U * np.abs(b) if b is not None else 0.0)
-
-
-def test_norm_variants_are_chosen() -> None:
-    """With AVX2 + FMA the operator table serves rmsnorm, layernorm, rope and add with 'avx2'."""
-    chosen = _engine.kernel_variants()
-    feats = _engine.cpu_features()
-    for op in NORM_OPS:
-        assert chosen[op] == _engine.choose(op)
-        assert chosen[op] == "ref" or chosen[op] in ew_variants(op)
-        if feats["avx2"] and feats["fma"] and feats["f16c"]:
-            assert chosen[op] == "avx2", (op, chosen[op])
-            assert "avx2" in ew_variants(op)
 
 
 @pytest.mark.parametrize("offset", [0.0, 3.0, -40.0])
