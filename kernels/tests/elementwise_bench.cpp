@@ -7,7 +7,6 @@
 //   g++ -std=c++17 -O3 -fno-math-errno -Inative -Ikernels -DEVK_DEFAULT_OPTABLE='""' kernels/tests/elementwise_bench.cpp
 //       $(python -c 'import buildinfo; print(" ".join(buildinfo.sources(kernels_only=True)))') -o /tmp/ewbench
 //   /tmp/ewbench --reps 7
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -15,16 +14,11 @@
 #include <vector>
 
 #include "../ops.h"
+#include "bench_clock.h"
 
 using namespace evk;
 
 namespace {
-
-double cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 // Best seconds of reps runs of fn over a fresh copy of the inputs (the copy is not timed).
 template <class Fn>

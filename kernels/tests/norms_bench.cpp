@@ -18,13 +18,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../ops.h"
+#include "bench_clock.h"
 #if defined(__x86_64__)
 #include "../elementwise/exp_avx2.h"
 #endif
@@ -32,12 +32,6 @@
 using namespace evk;
 
 namespace {
-
-double cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
