@@ -60,7 +60,7 @@ setup(
     entry_points={
         "console_scripts": [
             "edgevlm = edgevlm_ros.cli:main",
-            "edgevlm_node = edgevlm_ros.node:main",
+            "edgevlm_node = edgevlm_ros.ros.node:main",
         ],
     },
 )

@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import text_model
+        from .engine import text_model
 
         return getattr(text_model, name)
     raise AttributeError(f"module 'edgevlm_ros' has no attribute '{name}'")

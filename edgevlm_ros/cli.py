@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .argtypes import non_negative_int, positive_int
+from .engine.argtypes import non_negative_int, positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,14 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
     conv = sub.add_parser("convert", help="convert a Hugging Face SmolVLM / Idefics3 checkpoint to GGUF")
-    from .convert import add_convert_arguments
+    from .tools.convert import add_convert_arguments
 
     add_convert_arguments(conv)
 
-    from .bench import add_bench_arguments
-    from .camera import add_camera_arguments
-    from .demo import add_demo_arguments
-    from .tune import add_tune_arguments
+    from .ros.camera import add_camera_arguments
+    from .ros.demo import add_demo_arguments
+    from .tools.bench import add_bench_arguments
+    from .tools.tune import add_tune_arguments
 
     add_bench_arguments(sub.add_parser("bench", help="our engine and llama.cpp side by side on the same GGUF"))
     add_tune_arguments(sub.add_parser("tune", help="measure the kernel variants here and write an operator table"))
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .text_model import load
+    from .engine.text_model import load
 
     model = load(args.model, threads=args.threads)
     result = model.generate(args.prompt, max_new_tokens=args.max_tokens, raw=args.raw, system=args.system)
@@ -95,7 +95,7 @@ def _read_rgb(path: str) -> Any:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from .vlm import DEFAULT_PROMPT, load_vlm
+    from .engine.vlm import DEFAULT_PROMPT, load_vlm
 
     rgb = _read_rgb(args.image)
     vlm = load_vlm(args.model, args.mmproj, threads=args.threads, image_mode=args.image_mode,
@@ -111,7 +111,7 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .convert import run_convert
+    from .tools.convert import run_convert
 
     return run_convert(args)
 
@@ -128,8 +128,8 @@ def _lazy(module: str, func: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"generate": _generate, "describe": _describe, "convert": _convert,
-                "bench": _lazy("bench", "run_bench"), "tune": _lazy("tune", "run_tune"),
-                "camera": _lazy("camera", "run_camera"), "demo": _lazy("demo", "run_demo")}
+                "bench": _lazy("tools.bench", "run_bench"), "tune": _lazy("tools.tune", "run_tune"),
+                "camera": _lazy("ros.camera", "run_camera"), "demo": _lazy("ros.demo", "run_demo")}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError, RuntimeError) as exc:

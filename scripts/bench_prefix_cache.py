@@ -82,7 +82,7 @@ def ttft_ms(result: Any) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from edgevlm_ros.vlm import load_vlm
+    from edgevlm_ros.engine.vlm import load_vlm
 
     if "prefix_cache" not in inspect.signature(load_vlm).parameters:
         raise ValueError("load_vlm() has no prefix_cache switch, so the engine cannot run without the cache")

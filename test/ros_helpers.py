@@ -46,7 +46,7 @@ CONFIG_FILE = ROOT / "config" / "edgevlm.yaml"
 SHM_PROFILE = ROOT / "config" / "fastdds_shm.xml"
 MODEL_CACHE = Path(os.environ.get("EDGEVLM_TEST_MODEL_CACHE", "/tmp/edgevlm_test_models"))
 # How the stand-in runs `edgevlm_node` from the source tree (colcon would install a console script).
-NODE_COMMAND = [sys.executable, "-m", "edgevlm_ros.node"]
+NODE_COMMAND = [sys.executable, "-m", "edgevlm_ros.ros.node"]
 
 # The random VLM the node tests run: SmolVLM-256M's widths, two layers in each tower, and a 256 px
 # encoder tile (16 image tokens) instead of 512 px (64): the node tests describe ~50 frames, and a
@@ -74,7 +74,7 @@ def vlm_pair_fixture() -> Iterator[tuple[Path, Path]]:
         return
     import hf_fixtures
 
-    from edgevlm_ros import convert as convert_module
+    from edgevlm_ros.tools import convert as convert_module
     digest = hashlib.sha256(json.dumps(VLM_ARGS, sort_keys=True).encode())
     for module in (hf_fixtures, convert_module):
         digest.update(Path(module.__file__).read_bytes())
@@ -724,7 +724,7 @@ def exact_picture(width: int = 160, height: int = 96, block: int = 16, seed: int
     description for each; the conversions' rounding itself is tested in test_frames.py."""
     from types import SimpleNamespace
 
-    from edgevlm_ros import frames
+    from edgevlm_ros.ros import frames
 
     levels = np.arange(0, 256, 15, dtype=np.uint8)
     candidates = np.stack(np.meshgrid(levels, levels, levels, indexing="ij"), -1).reshape(-1, 3)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from edgevlm_ros import _engine, bench, optable, tune
+from edgevlm_ros import _engine
+from edgevlm_ros.engine import optable
+from edgevlm_ros.tools import bench, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_CACHE = ROOT / "build" / "test-fixtures" / "bench"  # the random vision model, reused across runs

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgevlm_ros.camera import (
+from edgevlm_ros.demo.scenes import generate_scene
+from edgevlm_ros.ros.camera import (
     FolderSource,
     SceneSource,
     SourceError,
@@ -21,7 +22,6 @@ from edgevlm_ros.camera import (
     scene_from_caption,
     split_ros_args,
 )
-from edgevlm_ros.scenes import generate_scene
 
 
 def test_scene_source_is_the_scene_stream() -> None:
@@ -109,7 +109,7 @@ def test_split_ros_args() -> None:
 def test_bad_source_is_one_line_and_exit_2(tmp_path: Path) -> None:
     import subprocess
 
-    r = subprocess.run([sys.executable, "-m", "edgevlm_ros.camera", "--source", str(tmp_path / "nope")],
+    r = subprocess.run([sys.executable, "-m", "edgevlm_ros.ros.camera", "--source", str(tmp_path / "nope")],
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("edgevlm camera: error: source")
@@ -131,7 +131,7 @@ def test_publisher_over_dds(tmp_path: Path) -> None:
         images = peer.inbox(Image, "/cam1/image", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
         captions = peer.inbox(String, "/cam1/image/caption", QoSProfile(depth=10,
                                                                         reliability=ReliabilityPolicy.RELIABLE))
-        cmd = [sys.executable, "-m", "edgevlm_ros.camera", "--frames", "4", "--rate", "10", "--seed", "3",
+        cmd = [sys.executable, "-m", "edgevlm_ros.ros.camera", "--frames", "4", "--rate", "10", "--seed", "3",
                "--wait-subscribers", "1", "--wait-caption-subscribers", "1", "--frame-id", "cam_optical",
                "--reliable", "--depth", "10", "--ros-args", "-r", "__ns:=/cam1"]
         with Child(cmd, ros_env(domain, tmp_path / "log"), "camera") as cam:
@@ -163,7 +163,7 @@ def test_publisher_defaults_best_effort_and_stops_on_sigint(tmp_path: Path) -> N
     domain = random_domain_id()
     peer = RosPeer(domain)
     try:
-        cmd = [sys.executable, "-m", "edgevlm_ros.camera", "--rate", "20"]
+        cmd = [sys.executable, "-m", "edgevlm_ros.ros.camera", "--rate", "20"]
         with Child(cmd, ros_env(domain, tmp_path / "log"), "camera") as cam:
             cam.wait_for_line(r"^frame 3 ", timeout=60)
             # The graph can know the endpoint before the name of the node behind it: ask until it does.

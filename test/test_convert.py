@@ -33,9 +33,9 @@ import numpy as np
 import pytest
 
 from edgevlm_ros import _engine
-from edgevlm_ros.convert import convert, main
-from edgevlm_ros.gguf_writer import GGMLType, GGUFValueType, GGUFWriter, resolve_tensor_type
-from edgevlm_ros.tokenizer import Tokenizer
+from edgevlm_ros.engine.tokenizer import Tokenizer
+from edgevlm_ros.tools.convert import convert, main
+from edgevlm_ros.tools.gguf_writer import GGMLType, GGUFValueType, GGUFWriter, resolve_tensor_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_fixtures as fx  # noqa: E402
@@ -239,7 +239,7 @@ def reference_kernels() -> Iterator[None]:
     if not hasattr(_engine, "load_optable"):  # an engine without an operator table computes in float
         yield
         return
-    from edgevlm_ros import optable
+    from edgevlm_ros.engine import optable
 
     optable.activate_text("matmul * * any - ref\nattention * * any - ref\n", "test_convert: reference kernels")
     try:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgevlm_ros.scenes import (
+from edgevlm_ros.demo.scenes import (
     COLOURS,
     POSITIONS,
     SHAPES,
@@ -89,7 +89,7 @@ def test_scenes_keep_their_rules(size: tuple[int, int]) -> None:
 
 
 def test_objects_stay_visible_and_distinct_from_background() -> None:
-    from edgevlm_ros.scenes import MIN_VISIBLE, _object_mask, _paint_background
+    from edgevlm_ros.demo.scenes import MIN_VISIBLE, _object_mask, _paint_background
 
     for i in range(40):
         s = generate_scene(21, i)
@@ -123,7 +123,7 @@ def test_caption_grammar() -> None:
 
 
 def _scene(objects: list[SceneObject]) -> Any:
-    from edgevlm_ros.scenes import Background, Scene
+    from edgevlm_ros.demo.scenes import Background, Scene
 
     bg = Background("plain", (90, 90, 90), (90, 90, 90), 0.0, 0.0, 0)
     return Scene(0, 0, 320, 240, bg, tuple(objects), caption_for(objects))
@@ -169,15 +169,15 @@ def test_parse_caption_spellings() -> None:
 
 @pytest.fixture(scope="module")
 def demo_text(text_model_path: Path) -> Path:
-    from edgevlm_ros.demo_model import ensure_demo_text_model
+    from edgevlm_ros.demo.demo_model import ensure_demo_text_model
 
     return ensure_demo_text_model(source=text_model_path)
 
 
 def test_demo_text_model_is_smollm2_plus_smolvlm_tokens(demo_text: Path, text_model_path: Path) -> None:
     from edgevlm_ros import _engine
-    from edgevlm_ros.demo_model import BASE_VOCAB, VOCAB_SIZE, smolvlm_added_tokens
-    from edgevlm_ros.tokenizer import Tokenizer
+    from edgevlm_ros.demo.demo_model import BASE_VOCAB, VOCAB_SIZE, smolvlm_added_tokens
+    from edgevlm_ros.engine.tokenizer import Tokenizer
 
     src, dst = _engine.GGUFFile(str(text_model_path)), _engine.GGUFFile(str(demo_text))
     src_t = {t["name"]: t for t in src.tensors()}
@@ -213,7 +213,7 @@ def test_demo_text_model_is_smollm2_plus_smolvlm_tokens(demo_text: Path, text_mo
 
 
 def test_demo_text_model_is_rewritten_only_when_stale(demo_text: Path, text_model_path: Path) -> None:
-    from edgevlm_ros.demo_model import ensure_demo_text_model
+    from edgevlm_ros.demo.demo_model import ensure_demo_text_model
 
     before = demo_text.stat().st_mtime_ns
     assert ensure_demo_text_model(demo_text, text_model_path) == demo_text
@@ -232,8 +232,8 @@ def test_demo_text_model_writes_what_smollm2_writes(demo_text: Path, engine: Any
 
 
 def test_demo_chat_template_places_the_image_first() -> None:
-    from edgevlm_ros.chat_template import render_chat
-    from edgevlm_ros.demo_model import demo_chat_template
+    from edgevlm_ros.demo.demo_model import demo_chat_template
+    from edgevlm_ros.engine.chat_template import render_chat
 
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi?"}]}]
     text = render_chat(demo_chat_template(), messages, add_generation_prompt=True, bos_token="", eos_token="")
@@ -249,15 +249,15 @@ def test_demo_chat_template_places_the_image_first() -> None:
 
 @pytest.fixture(scope="module")
 def demo_vlm(demo_text: Path) -> Any:
-    from edgevlm_ros.demo_model import DEMO_MMPROJ_PATH
-    from edgevlm_ros.vlm import load_vlm
+    from edgevlm_ros.demo.demo_model import DEMO_MMPROJ_PATH
+    from edgevlm_ros.engine.vlm import load_vlm
 
     assert DEMO_MMPROJ_PATH.exists(), f"{DEMO_MMPROJ_PATH} is missing (tools/train_demo_vlm.py writes it)"
     return load_vlm(demo_text, DEMO_MMPROJ_PATH, threads=2, image_mode="single")
 
 
 def test_record_matches_the_committed_mmproj(demo_vlm: Any) -> None:
-    from edgevlm_ros.demo_model import BASE_VOCAB, DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
+    from edgevlm_ros.demo.demo_model import BASE_VOCAB, DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
 
     record = json.loads(DEMO_RECORD_PATH.read_text())
     assert record["mmproj"] == DEMO_MMPROJ_PATH.name
@@ -285,7 +285,7 @@ def held_out_sample(demo_vlm: Any) -> list[tuple[Any, Any]]:
 
 
 def test_held_out_sample_against_committed_threshold(held_out_sample: list[tuple[Any, Any]]) -> None:
-    from edgevlm_ros.demo_model import BASE_VOCAB
+    from edgevlm_ros.demo.demo_model import BASE_VOCAB
 
     objects = right = count_right = 0
     lines = []
@@ -313,9 +313,9 @@ def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any,
     import train_demo_vlm as T
 
     from edgevlm_ros import _engine
-    from edgevlm_ros.demo_model import DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
-    from edgevlm_ros.preprocess import preprocess
-    from edgevlm_ros.tokenizer import Tokenizer
+    from edgevlm_ros.demo.demo_model import DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
+    from edgevlm_ros.engine.preprocess import preprocess
+    from edgevlm_ros.engine.tokenizer import Tokenizer
 
     vision = json.loads(DEMO_RECORD_PATH.read_text())["vision"]
     assert (vision["image_size"], vision["patch_size"], vision["scale_factor"], vision["width"], vision["layers"]) == (
@@ -355,7 +355,7 @@ def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any,
 def test_convert_mmproj_equals_the_mmproj_of_convert(tmp_path: Path) -> None:
     from hf_fixtures import cached_random_smolvlm
 
-    from edgevlm_ros.convert import convert, convert_mmproj
+    from edgevlm_ros.tools.convert import convert, convert_mmproj
 
     hf = cached_random_smolvlm(text_layers=2, vision_layers=2)
     _, mmproj = convert(hf, tmp_path / "both", "f16", name="m")
@@ -373,7 +373,7 @@ def test_demo_command_describes_frames_and_summarises(demo_text: Path, tmp_path:
 
     from ros_helpers import random_domain_id, ros_env
 
-    from edgevlm_ros.demo_model import DEMO_MMPROJ_PATH
+    from edgevlm_ros.demo.demo_model import DEMO_MMPROJ_PATH
 
     assert DEMO_MMPROJ_PATH.exists()
     frames = 4

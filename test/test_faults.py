@@ -425,7 +425,7 @@ def test_the_test_hook_is_inert_unless_set(faults: Faults) -> None:
 
 def test_model_file_states(tmp_path: Path) -> None:
     """What the heartbeat's watch of a mapped model file tells apart (plain Python, no node)."""
-    from edgevlm_ros.node import _watch
+    from edgevlm_ros.ros.node import _watch
 
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF" + bytes(100))
@@ -444,7 +444,7 @@ def test_model_file_states(tmp_path: Path) -> None:
 
 
 def test_test_hook_values() -> None:
-    from edgevlm_ros.node import ParamError, parse_test_fault
+    from edgevlm_ros.ros.node import ParamError, parse_test_fault
 
     assert parse_test_fault("raise_in_decode:cam-7") == "cam-7"
     for bad in ("", "raise_in_decode", "raise_in_decode:", "raise_in_vision:x", "1"):

@@ -14,7 +14,7 @@ from PIL import Image as PILImage
 from ros_helpers import encode_compressed, grey_picture, make_compressed, make_image
 from sensor_msgs.msg import CompressedImage, Image
 
-from edgevlm_ros import frames
+from edgevlm_ros.ros import frames
 
 
 def noise_picture(width: int = 64, height: int = 48, seed: int = 0) -> np.ndarray:

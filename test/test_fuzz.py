@@ -5,7 +5,7 @@ scripts/fuzz_long.sh; its figures are in docs/reliability/fuzzing.md).
   -fsanitize=fuzzer,address,undefined from the extension's own sources (buildinfo.py). Each input
   goes through the GGUF reader, then LlamaModel and ClipVisionModel construction and one forward
   step of whatever builds: each must load or refuse with GGUFError, with no sanitizer report.
-- Prefix-cache files: edgevlm_ros.prefix_cache.load under atheris (libFuzzer for Python): it must
+- Prefix-cache files: edgevlm_ros.engine.prefix_cache.load under atheris (libFuzzer for Python): it must
   return or raise PrefixCacheError (a ValueError), nothing else.
 
 Seeds (test/fuzz_seeds, each < 64 KiB) are small valid files written by our GGUF writer (a llama
@@ -130,7 +130,7 @@ def _final_stats(out: str) -> str:
 def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool) -> None:
     import numpy as np
 
-    from edgevlm_ros.gguf_writer import GGUFWriter
+    from edgevlm_ros.tools.gguf_writer import GGUFWriter
 
     rng = np.random.default_rng(1)
     d, ff, n_head, n_kv, vocab, n_layer = 32, 64, 4, 2, 40, 2
@@ -175,7 +175,7 @@ def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool) -> None:
 def _tiny_mmproj(path: Path, *, swapped: bool) -> None:
     import numpy as np
 
-    from edgevlm_ros.gguf_writer import GGUFValueType, GGUFWriter
+    from edgevlm_ros.tools.gguf_writer import GGUFValueType, GGUFWriter
 
     rng = np.random.default_rng(2)
     image, patch, d, ff, n_head, n_layer, proj, scale = 16, 4, 32, 64, 4, 1, 32, 2
@@ -253,7 +253,8 @@ def _every_value_type() -> bytes:
 def _prefix_cache_file(path: Path, n_layer: int, n_past: int, kv_dim: int) -> None:
     import numpy as np
 
-    from edgevlm_ros import _engine, prefix_cache
+    from edgevlm_ros import _engine
+    from edgevlm_ros.engine import prefix_cache
 
     rng = np.random.default_rng(3)
     k = rng.standard_normal((n_layer, n_past, kv_dim)).astype(np.float32)
@@ -330,7 +331,8 @@ def _regression_files(sub: str) -> list[Path]:
 
 
 def test_seeds_are_small_and_the_valid_ones_build_models() -> None:
-    from edgevlm_ros import _engine, prefix_cache
+    from edgevlm_ros import _engine
+    from edgevlm_ros.engine import prefix_cache
 
     for p in SEEDS.rglob("*"):
         if p.is_file():
@@ -400,7 +402,7 @@ def test_prefix_cache_reader_short_fuzz_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", _regression_files("prefix_cache"), ids=lambda p: p.name)
 def test_prefix_cache_regressions_replay(path: Path, tmp_path: Path) -> None:
     """Each regression input, read both ways the harness reads it: loads or PrefixCacheError."""
-    from edgevlm_ros import prefix_cache
+    from edgevlm_ros.engine import prefix_cache
 
     for i, data in enumerate(prefix_cache_readings(path.read_bytes())):
         f = tmp_path / f"reading{i}.evkv"
@@ -421,7 +423,7 @@ def prefix_cache_readings(data: bytes) -> list[bytes]:
     2. the bytes as "header JSON, NUL, body", framed as a writer would (magic, header length,
        sha256). A mutation of the header text that changes its length, or of the body, then reaches
        the checks behind the framing and the checksum instead of stopping at them."""
-    from edgevlm_ros import prefix_cache
+    from edgevlm_ros.engine import prefix_cache
 
     header, _, body = data.partition(b"\0")
     head = prefix_cache.MAGIC + struct.pack("<I", len(header)) + header + body
@@ -431,8 +433,8 @@ def prefix_cache_readings(data: bytes) -> list[bytes]:
 def _prefix_cache_main(argv: list[str]) -> None:
     import atheris
 
-    with atheris.instrument_imports(include=["edgevlm_ros.prefix_cache"]):
-        from edgevlm_ros import prefix_cache
+    with atheris.instrument_imports(include=["edgevlm_ros.engine.prefix_cache"]):
+        from edgevlm_ros.engine import prefix_cache
     fd = os.memfd_create("fuzz_prefix_cache")
     path = Path(f"/proc/self/fd/{fd}")
 

@@ -27,7 +27,7 @@ from ros_helpers import (
     run_launch_file,
 )
 
-from edgevlm_ros.node_params import PARAMS, defaults, validate
+from edgevlm_ros.ros.node_params import PARAMS, defaults, validate
 
 
 def test_config_holds_every_parameter_with_its_default() -> None:
@@ -93,8 +93,8 @@ def test_the_launched_command_reaches_the_node(tmp_path: Path) -> None:
 
 def test_setup_installs_the_executable_launch_file_and_config() -> None:
     setup = (ROOT / "setup.py").read_text()
-    assert re.search(r"""["']edgevlm_node\s*=\s*edgevlm_ros\.node:main["']""", setup), \
-        "setup.py must declare the console script edgevlm_node = edgevlm_ros.node:main"
+    assert re.search(r"""["']edgevlm_node\s*=\s*edgevlm_ros\.ros\.node:main["']""", setup), \
+        "setup.py must declare the console script edgevlm_node = edgevlm_ros.ros.node:main"
     assert 'glob.glob("launch/*.py")' in setup and 'glob.glob("config/*")' in setup
 
 

@@ -46,9 +46,9 @@ from ros_helpers import (  # noqa: F401 - vlm_pair_fixture provides the vlm_pair
 )
 from sensor_msgs.msg import Image
 
-from edgevlm_ros import frames
-from edgevlm_ros.latency_stats import FrameCounts, LatencyWindow, NewestFrameSlot, percentile
-from edgevlm_ros.node_params import PARAMS, ParamError, apply_changes, as_values, defaults, validate
+from edgevlm_ros.ros import frames
+from edgevlm_ros.ros.latency_stats import FrameCounts, LatencyWindow, NewestFrameSlot, percentile
+from edgevlm_ros.ros.node_params import PARAMS, ParamError, apply_changes, as_values, defaults, validate
 
 STAGES = ("preprocess", "vision", "prefill", "decode", "total", "age")
 FRAME_KEYS = {"text", "tokens", "tokens_per_s", "stop_reason", "preprocess_ms", "vision_ms", "prefill_ms",

@@ -114,7 +114,7 @@ def test_greedy_generation_exact_with_float_decode_table(text_model_path: Any, h
     """An operator table that routes decode to float-activation kernels gives the reference's
     tokens exactly: the table changes speed/precision trade-offs, never the model code."""
     import edgevlm_ros
-    from edgevlm_ros import optable
+    from edgevlm_ros.engine import optable
 
     rules = "matmul * decode any avx2,fma,f16c avx2_f32act\nmatmul * prefill any avx2,fma,f16c avx2_gemm\n"
     try:

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgevlm_ros import _engine, prefix_cache
-from edgevlm_ros.prefix_cache import PrefixCacheError
+from edgevlm_ros import _engine
+from edgevlm_ros.engine import prefix_cache
+from edgevlm_ros.engine.prefix_cache import PrefixCacheError
 
 KEY = "0" * 64
 HEADER_KEYS = ("version", "key", "n_layer", "n_past", "kv_dim", "token_ids")
@@ -290,7 +291,7 @@ def test_the_module_imports_no_deserializer_and_runs_no_code() -> None:
 # -- the engine's use of it: a bad file is reported and rebuilt, never used ------------------------------------
 @pytest.fixture(scope="module")
 def text_engine(text_model_path: Path) -> Any:
-    from edgevlm_ros.text_model import TextModel
+    from edgevlm_ros.engine.text_model import TextModel
 
     return TextModel(text_model_path, threads=2)
 

@@ -1,4 +1,4 @@
-"""edgevlm_ros.preprocess against transformers' Idefics3 processor (the reference).
+"""edgevlm_ros.engine.preprocess against transformers' Idefics3 processor (the reference).
 
 The reference is built offline: ``Idefics3ImageProcessorPil`` with SmolVLM-256M's settings
 (mean/std 0.5, LANCZOS, tile 512, longest edge 2048, plus smaller longest edges to keep the
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgevlm_ros.preprocess import (
+from edgevlm_ros.engine.preprocess import (
     MAX_IMAGE_SIZE,
     PreprocessConfig,
     PreprocessedImage,
@@ -397,7 +397,7 @@ def test_expand_image_prompt_rejects_bad_grids() -> None:
 def test_import_is_light() -> None:
     """Importing preprocess needs neither the native engine nor torch / transformers."""
     code = (
-        "import sys, edgevlm_ros.preprocess\n"
+        "import sys, edgevlm_ros.engine.preprocess\n"
         "heavy = [m for m in ('torch', 'transformers', 'edgevlm_ros._engine') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -162,7 +162,7 @@ def test_cli_errors_are_one_line(args: tuple[str, ...], message: str) -> None:
 
 PIN_PROBE = """
 import json, os
-from edgevlm_ros.text_model import load
+from edgevlm_ros.engine.text_model import load
 m = load(threads=3)
 workers = {}
 for tid in os.listdir("/proc/self/task"):

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from edgevlm_ros import chat_template
-from edgevlm_ros.chat_template import ChatTemplateError, render_chat
-from edgevlm_ros.tokenizer import Tokenizer
+from edgevlm_ros.engine import chat_template
+from edgevlm_ros.engine.chat_template import ChatTemplateError, render_chat
+from edgevlm_ros.engine.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tokenizer_cases import CHAT_CONVERSATIONS, text_cases  # noqa: E402

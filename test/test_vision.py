@@ -44,13 +44,13 @@ def hf(hf_dir: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def converted(hf_dir: Path) -> dict[str, tuple[Path, Path]]:
-    from edgevlm_ros.convert import convert
+    from edgevlm_ros.tools.convert import convert
 
     return {t: convert(hf_dir, CACHE / f"converted-2x2-{t}", wtype=t) for t in ("f32", "f16", "q8_0")}
 
 
 def _vlm(pair: tuple[Path, Path], **kw: Any) -> Any:
-    from edgevlm_ros.vlm import load_vlm
+    from edgevlm_ros.engine.vlm import load_vlm
 
     return load_vlm(pair[0], pair[1], threads=2, **kw)
 
@@ -99,7 +99,7 @@ def test_single_tile_embeddings_logits_and_greedy_match(wtype: str, hf: Any, con
 
     vlm = _vlm(converted[wtype], image_mode="single")
     rgb = _image(480, 640, seed=1)
-    from edgevlm_ros.preprocess import preprocess
+    from edgevlm_ros.engine.preprocess import preprocess
 
     image = preprocess(rgb, vlm.preprocess_config)
     assert image.pixel_values.shape == (1, 3, 512, 512) and image.n_image_tokens == 64
@@ -151,7 +151,7 @@ def test_tiled_non_square_matches_processor_and_model(hf_dir: Path, hf: Any, con
     # row/column mix-up shows) plus the global view.
     vlm = _vlm(converted["f32"], image_mode="tiled", longest_edge=1536)
     rgb = _image(400, 700, seed=2)
-    from edgevlm_ros.preprocess import preprocess
+    from edgevlm_ros.engine.preprocess import preprocess
 
     image = preprocess(rgb, vlm.preprocess_config)
     assert (image.rows, image.cols) == (2, 3) and image.n_tiles == 7
@@ -196,7 +196,7 @@ def test_prefix_cache_gives_identical_text(converted: dict, tmp_path: Path) -> N
     prefix_ids, rest_ids = vlm.prompt_ids("Describe what you see.", 0, 0)
     native.reset()
     native.forward(np.asarray(prefix_ids, np.int32))
-    from edgevlm_ros.preprocess import preprocess
+    from edgevlm_ros.engine.preprocess import preprocess
 
     feats = vlm.vision.encode(preprocess(rgb, vlm.preprocess_config).pixel_values)
     x = native.embed(np.asarray(rest_ids, np.int32))
@@ -282,7 +282,7 @@ def _write_llamacpp_style_mmproj(hf_dir: Path, path: Path, *, swap_ffn: bool = F
 @pytest.mark.parametrize("swap_ffn", [False, True])
 def test_llamacpp_style_mmproj_gives_the_same_embeddings(hf_dir: Path, hf: Any, converted: dict, tmp_path: Path,
                                                          swap_ffn: bool) -> None:
-    from edgevlm_ros.preprocess import preprocess
+    from edgevlm_ros.engine.preprocess import preprocess
 
     theirs = _write_llamacpp_style_mmproj(hf_dir, tmp_path / "mmproj-llamacpp.gguf", swap_ffn=swap_ffn)
     ours_vlm = _vlm(converted["f16"])

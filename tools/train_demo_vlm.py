@@ -6,8 +6,8 @@
 What is trained: a SigLIP-style vision tower and the idefics3 connector, built from transformers'
 own Idefics3 classes (so the math is exactly what the converter and the engine implement), on top
 of the real SmolLM2-135M-Instruct decoder, frozen (the Q4_1 GGUF dequantized to float32, plus the
-128 zero rows of SmolVLM's added tokens: edgevlm_ros/demo_model.py). The world is the synthetic
-one of edgevlm_ros/scenes.py; the target is its ground-truth caption after the chat prompt
+128 zero rows of SmolVLM's added tokens: edgevlm_ros/demo/demo_model.py). The world is the synthetic
+one of edgevlm_ros/demo/scenes.py; the target is its ground-truth caption after the chat prompt
 (the node's default request, "Describe the image in one sentence.").
 
 Shapes: 128 x 128 input, 16 x 16 patches (an 8 x 8 grid), width 128, 4 layers, 2 heads, MLP 512,
@@ -36,10 +36,10 @@ commands; "prompt" needs no vision weights and may run beside "keywords"):
    size and object centres. With it the colour and position slots are right in >98% of held-out
    slots after ~4 minutes instead of ~4000 steps.
 4. caption (optional, --steps2 > 0): connector + top of the tower fine-tuned through the decoder.
-5. eval: export (transformers-layout checkpoint -> edgevlm_ros.convert.convert_mmproj, F16), then
+5. eval: export (transformers-layout checkpoint -> edgevlm_ros.tools.convert.convert_mmproj, F16), then
    `--eval-frames` frames of `--eval-seed` (never used in training) through OUR engine and through
    torch (the same F16-rounded vision weights, the same dequantized decoder): accuracy by
-   edgevlm_ros.scenes.score, greedy text agreement, near ties. Everything lands in the JSON record.
+   edgevlm_ros.demo.scenes.score, greedy text agreement, near ties. Everything lands in the JSON record.
 
 What is slow: SHAPE. With perfect slots the frozen decoder names 99% of the objects right
 (48 held-out scenes: soft prompt alone, no pixels), so the vision side is the limit, and in it the
@@ -77,8 +77,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgevlm_ros.chat_template import render_chat  # noqa: E402
-from edgevlm_ros.demo_model import (  # noqa: E402
+from edgevlm_ros.demo.demo_model import (  # noqa: E402
     BASE_VOCAB,
     DEMO_MMPROJ_PATH,
     DEMO_RECORD_PATH,
@@ -86,9 +85,10 @@ from edgevlm_ros.demo_model import (  # noqa: E402
     VOCAB_SIZE,
     ensure_demo_text_model,
 )
-from edgevlm_ros.preprocess import IMAGE_TOKEN, PreprocessConfig, expand_image_prompt, preprocess  # noqa: E402
-from edgevlm_ros.scenes import POSITIONS, Scene, generate_scene, score  # noqa: E402
-from edgevlm_ros.tokenizer import Tokenizer  # noqa: E402
+from edgevlm_ros.demo.scenes import POSITIONS, Scene, generate_scene, score  # noqa: E402
+from edgevlm_ros.engine.chat_template import render_chat  # noqa: E402
+from edgevlm_ros.engine.preprocess import IMAGE_TOKEN, PreprocessConfig, expand_image_prompt, preprocess  # noqa: E402
+from edgevlm_ros.engine.tokenizer import Tokenizer  # noqa: E402
 
 log = logging.getLogger("train_demo_vlm")
 
@@ -107,7 +107,7 @@ GROUP_LAYERS = (1, 2)  # layers whose head 0 learns to gather each object's patc
 
 # The node's default request (config/edgevlm.yaml). Stage 2 trains on it alone: decoder time is scarce.
 PROMPTS = ("Describe the image in one sentence.",)
-EXTRA_EVAL_PROMPTS = ("Describe what you see.",)  # edgevlm_ros.vlm.DEFAULT_PROMPT: reported, not trained
+EXTRA_EVAL_PROMPTS = ("Describe what you see.",)  # edgevlm_ros.engine.vlm.DEFAULT_PROMPT: reported, not trained
 # Frame sizes seen in training (width, height, probability): mostly the camera's 320x240 default,
 # some larger and other aspect ratios, so the stretch to a square tile is not one fixed factor
 # (no 640x480: drawing and resizing it costs ~5x more, and every size ends as a 128 px tile).
@@ -149,7 +149,7 @@ def patch_labels(scene: Scene) -> tuple[np.ndarray, ...]:
     the whole frame stretched, so the patch grid is the frame cut into side x side cells."""
     import cv2
 
-    from edgevlm_ros.scenes import COLOURS, SHAPES, SIZES, _object_mask
+    from edgevlm_ros.demo.scenes import COLOURS, SHAPES, SIZES, _object_mask
 
     side = IMAGE_SIZE // PATCH_SIZE
     ids = np.zeros((scene.height, scene.width), np.uint8)
@@ -245,7 +245,7 @@ class Keywords:
                 raise ValueError(f"{text!r} is {len(ids)} tokens; keyword slots need single tokens")
             return ids[0]
 
-        from edgevlm_ros.scenes import COLOURS, SHAPES, SIZES
+        from edgevlm_ros.demo.scenes import COLOURS, SHAPES, SIZES
 
         self.count = {1: one(" a"), 2: one(" two"), 3: one(" three")}
         self.size = {s: one(" " + s) for s in SIZES}
@@ -287,7 +287,7 @@ class Prompt:
 
 
 def make_prompt(tok: Tokenizer, template: str, text: str) -> Prompt:
-    """Same rendering and split as edgevlm_ros.vlm.VisionLanguageModel (no system prompt given)."""
+    """Same rendering and split as edgevlm_ros.engine.vlm.VisionLanguageModel (no system prompt given)."""
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
     bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.id_to_token(tok.eos_id) if tok.eos_id is not None else ""
@@ -539,7 +539,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     plus the dense per-patch colour / shape head."""
     import torch
 
-    from edgevlm_ros.scenes import COLOURS, SHAPES, SIZES
+    from edgevlm_ros.demo.scenes import COLOURS, SHAPES, SIZES
 
     n_col, n_shp, n_size = len(COLOURS) + 1, len(SHAPES) + 1, len(SIZES) + 1
     aux = torch.nn.Linear(WIDTH, n_col + n_shp + n_size + 1)  # dense per-patch head, not exported
@@ -763,7 +763,7 @@ def export(vs: VisionSide, config: Any, hf_dir: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from edgevlm_ros.convert import convert_mmproj
+    from edgevlm_ros.tools.convert import convert_mmproj
 
     if hf_dir.exists():
         shutil.rmtree(hf_dir)
@@ -863,7 +863,7 @@ def evaluate(mmproj: Path, text_gguf: Path, vs: VisionSide, dec: Decoder, tok: T
              args: argparse.Namespace, cfg: PreprocessConfig, n: int, compare_torch: bool = True) -> dict[str, Any]:
     import torch
 
-    from edgevlm_ros.vlm import load_vlm
+    from edgevlm_ros.engine.vlm import load_vlm
 
     vlm = load_vlm(text_gguf, mmproj, threads=args.engine_threads, image_mode="single")
     scenes = [generate_scene(args.eval_seed, i, *EVAL_SIZE) for i in range(n)]

@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from .argtypes import non_negative_int
-from .scenes import Scene, generate_scene
+from ..demo.scenes import Scene, generate_scene
+from ..engine.argtypes import non_negative_int
 
 __all__ = [
     "Frame",

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from .gguf_writer import GGUFValueType, GGUFWriter
-from .paths import DEFAULT_TEXT_MODEL, model_dirs, resolve_model
+from ..engine.paths import DEFAULT_TEXT_MODEL, model_dirs, resolve_model
+from ..tools.gguf_writer import GGUFValueType, GGUFWriter
 
 __all__ = [
     "BASE_VOCAB",
@@ -55,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger("edgevlm")
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DEMO_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 DEMO_MMPROJ_PATH = DATA_DIR / DEMO_MMPROJ
 DEMO_RECORD_PATH = DATA_DIR / "edgevlm-demo-mmproj.json"
@@ -133,7 +133,7 @@ def _value_type(key: str, value: Any) -> tuple[GGUFValueType, GGUFValueType | No
 
 
 def _recorded(path: Path) -> tuple[int | None, str | None]:
-    from . import _engine
+    from .. import _engine
 
     try:
         meta = _engine.GGUFFile(str(path)).metadata()
@@ -166,7 +166,7 @@ def _copy_metadata(writer: GGUFWriter, meta: Mapping[str, Any], source_sha: str)
 
 def write_demo_text_model(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
     """Writes the demo text GGUF from SmolLM2-135M-Instruct's GGUF (see the module docstring)."""
-    from . import _engine
+    from .. import _engine
 
     src = Path(source)
     f = _engine.GGUFFile(str(src))

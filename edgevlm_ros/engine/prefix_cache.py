@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
+from .. import _engine
 
 MAGIC = b"EVKVC\x00\x01\x00"
 FORMAT_VERSION = 1

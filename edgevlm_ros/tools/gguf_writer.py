@@ -222,7 +222,7 @@ def _encode_rows(wtype: GGMLType, rows: np.ndarray) -> bytes | memoryview:
         return memoryview(np.ascontiguousarray(rows, dtype="<f4")).cast("B")
     if wtype == GGMLType.F16:
         return memoryview(np.ascontiguousarray(rows.astype("<f2"))).cast("B")
-    from . import _engine  # the reference block quantizer; only block formats need the native build
+    from .. import _engine  # the reference block quantizer; only block formats need the native build
 
     flat = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1)
     return memoryview(_engine.quantize(wtype.name, flat)).cast("B")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
+from .. import _engine
 from .chat_template import render_chat
 from .paths import resolve_model
 from .preprocess import IMAGE_TOKEN, PreprocessConfig, preprocess

@@ -251,7 +251,7 @@ class EdgeVlmNode(Node):
     # -- start and stop ----------------------------------------------------------------------
     def load_engine(self) -> None:
         """Loads the model pair and the system prompt's KV cache. Raises ValueError / OSError."""
-        from .vlm import load_vlm  # here, so a bad parameter fails before the engine is imported
+        from ..engine.vlm import load_vlm  # here, so a bad parameter fails before the engine is imported
 
         p = self.params
         fault = os.environ.get(TEST_FAULT_ENV)

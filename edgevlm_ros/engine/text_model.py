@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine, optable, prefix_cache
+from .. import _engine
+from . import optable, prefix_cache
 from .chat_template import render_chat
 from .paths import default_threads, resolve_model
 from .tokenizer import Tokenizer

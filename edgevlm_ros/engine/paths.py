@@ -15,7 +15,7 @@ def model_dirs() -> list[Path]:
     env = os.environ.get("EDGEVLM_MODEL_DIR")
     if env:
         dirs.append(Path(env))
-    dirs.append(Path(__file__).resolve().parent.parent / "models")  # source checkout
+    dirs.append(Path(__file__).resolve().parents[2] / "models")  # source checkout
     dirs.append(Path.home() / ".cache" / "edgevlm_ros" / "models")
     return dirs
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .argtypes import non_negative_int, positive_int
+from ..engine.argtypes import non_negative_int, positive_int
 from .latency_stats import LatencyWindow
 
 STAGES = ("preprocess", "vision", "prefill", "decode", "total")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -90,7 +90,7 @@ def _start_children(args: argparse.Namespace, text_model: Path, mmproj: Path, en
     camera = [py, "-m", "edgevlm_ros.cli", "camera", "--rate", str(args.rate)]
     if args.seed is not None:
         camera += ["--seed", str(args.seed)]
-    node = [py, "-m", "edgevlm_ros.node", "--ros-args", "-r", "__node:=edgevlm",
+    node = [py, "-m", "edgevlm_ros.ros.node", "--ros-args", "-r", "__node:=edgevlm",
             "--params-file", str(ROOT / "config" / "edgevlm.yaml"),
             "-p", f"model:={text_model}", "-p", f"mmproj:={mmproj}",
             "-p", f"max_new_tokens:={args.max_new_tokens}", "-p", f"threads:={args.threads}"]
@@ -126,7 +126,7 @@ def _line(stats: DemoStats, text: str, truth: str | None, verdict: str, ms: dict
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from .demo_model import DEMO_MMPROJ_PATH, ensure_demo_text_model
+    from ..demo.demo_model import DEMO_MMPROJ_PATH, ensure_demo_text_model
 
     if not DEMO_MMPROJ_PATH.exists():
         raise FileNotFoundError(f"the embedded demo mmproj {DEMO_MMPROJ_PATH} is missing")
@@ -140,8 +140,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
 
+    from ..demo.scenes import score
     from .camera import CAPTION_DEPTH, scene_from_caption
-    from .scenes import score
 
     stats = DemoStats()
     truths: dict[tuple[int, int], Any] = {}

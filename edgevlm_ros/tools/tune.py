@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .argtypes import positive_int
+from ..engine.argtypes import positive_int
 
 FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
 PREFILL_M = 64
@@ -77,7 +77,7 @@ def model_shapes(model: Path | None) -> tuple[list[tuple[int, int]], tuple[int, 
     text model's first layer; SmolLM2-135M's shapes when model is None or has no layers."""
     if model is None:
         return list(DEFAULT_LAYER_SHAPES), DEFAULT_HEAD_SHAPE, "SmolLM2-135M shapes (built in)"
-    from . import _engine
+    from .. import _engine
 
     tensors = _engine.GGUFFile(str(model)).tensors()
     first = sorted({t["name"].split(".")[1] for t in tensors if t["name"].startswith("blk.")}, key=int)
@@ -100,7 +100,7 @@ def model_shapes(model: Path | None) -> tuple[list[tuple[int, int]], tuple[int, 
 
 def random_weight(fmt: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF bytes of a rows x k matrix of random weights (rows repeat every 256)."""
-    from . import _engine
+    from .. import _engine
 
     base = min(rows, 256)
     x = rng.normal(0.0, 0.05, (base, k)).astype(np.float32)
@@ -142,7 +142,7 @@ def _time_round_robin(fns: dict[str, Callable[[], object]], repeats: int) -> dic
 
 def matmul_candidates(fmt: str) -> list[str]:
     """Names of the matmul variants that run here and support fmt (the reference included)."""
-    from . import _engine
+    from .. import _engine
 
     return [v["name"] for v in _engine.list_variants()
             if v["op"] == "matmul" and v["available"] and fmt in v["formats"]]
@@ -155,7 +155,7 @@ ROPE_HEAD_DIM = 64  # rope: each row of ELEMENTWISE_SHAPE as heads of this size,
 
 def op_candidates(op: str) -> list[str]:
     """Names of the variants of a matrix-free operator (attention, softmax, ...) that run here."""
-    from . import _engine
+    from .. import _engine
 
     return [v["name"] for v in _engine.list_variants() if v["op"] == op and v["available"]]
 
@@ -190,7 +190,7 @@ class TuneConfig:
 def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, float]], str]:
     """Times every candidate, returns (matmul measures, per matrix-free operator the seconds per call
     of each variant, shapes note)."""
-    from . import _engine
+    from .. import _engine
 
     rng = np.random.default_rng(0)
     if cfg.quick:
@@ -365,7 +365,8 @@ def build_table(measures: Sequence[Measure], single: dict[str, dict[str, float]]
 
 def tune(cfg: TuneConfig) -> TuneResult:
     """Measures, writes the table (atomically) and activates it in this process."""
-    from . import _engine, optable
+    from .. import _engine
+    from ..engine import optable
 
     log = cfg.log
     out = cfg.out or optable.TUNED_TABLE
@@ -434,8 +435,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def run_tune(args: argparse.Namespace) -> int:
     """Runs a parsed `tune` command. Prints what it measured and where the table went; returns 0."""
-    from . import optable
-    from .paths import default_threads, resolve_model
+    from ..engine import optable
+    from ..engine.paths import default_threads, resolve_model
 
     model: Path | None = None
     if args.model or not args.quick:
@@ -469,8 +470,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m edgevlm_ros.tune`: the same as `edgevlm tune`."""
-    from .cli import main as cli_main
+    """`python -m edgevlm_ros.tools.tune`: the same as `edgevlm tune`."""
+    from ..cli import main as cli_main
 
     return cli_main(["tune", *(sys.argv[1:] if argv is None else argv)])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import _engine
+from .. import _engine
 
 TUNED_TABLE = Path.home() / ".cache" / "edgevlm_ros" / "optable.tsv"
 _active: str | None = None

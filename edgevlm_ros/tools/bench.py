@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from .argtypes import positive_int
+from ..engine.argtypes import positive_int
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A system prompt of the kind a robot keeps fixed for its whole run (~150 tokens).
 SYSTEM_PROMPT = (
@@ -166,7 +166,7 @@ def highest_bandwidth(runs: Sequence[dict[str, float]]) -> dict[str, float]:
 def weight_bytes_per_token(gguf_path: Path) -> dict[str, Any]:
     """Bytes of weights one decoded token reads: every layer tensor, the output norm, the output
     head (the token embedding when tied) and one embedding row."""
-    from . import _engine
+    from .. import _engine
 
     tensors = _engine.GGUFFile(str(gguf_path)).tensors()
     by_name = {t["name"]: t for t in tensors}
@@ -188,7 +188,7 @@ class _Ours:
     """Our engine through its public Python API."""
 
     def __init__(self, path: Path, threads: int, n_ctx: int) -> None:
-        from .text_model import TextModel
+        from ..engine.text_model import TextModel
 
         self.model = TextModel(path, threads=threads, n_ctx=n_ctx)
         self.native = self.model.native
@@ -654,7 +654,7 @@ def _peer_extra_bufts(cfg: BenchConfig, peer_mod: ModuleType) -> tuple[bool, str
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
     """Runs every measure; returns the raw results (what --json writes)."""
-    from . import __version__, _engine
+    from .. import __version__, _engine
 
     log = cfg.log
     t_start = time.perf_counter()
@@ -833,7 +833,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
-    from . import _engine
+    from .. import _engine
 
     row = Row("vision_encode", "vision encode, one 512x512 tile", "ms", False)
     if not cfg.vision:
@@ -1060,7 +1060,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    from .paths import resolve_model
+    from ..engine.paths import resolve_model
 
     quick = bool(getattr(args, "quick", False))
 
@@ -1108,8 +1108,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m edgevlm_ros.bench`: the same as `edgevlm bench`."""
-    from .cli import main as cli_main
+    """`python -m edgevlm_ros.tools.bench`: the same as `edgevlm bench`."""
+    from ..cli import main as cli_main
 
     return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
