@@ -1,4 +1,6 @@
-"""`edgevlm` command line: generate text (and, with later subcommands, describe images, bench).
+"""`edgevlm` command line: a dispatcher over the layers (generate, describe, convert, bench, tune,
+camera, demo). Nothing in the package imports it back; each subcommand's module is imported only
+when that subcommand runs, so `edgevlm generate` loads no ROS.
 
 Errors are one line on stderr and a non-zero exit, never a traceback.
 """
@@ -9,21 +11,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from .engine.argtypes import non_negative_int, positive_int
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not usage + message
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
+from .engine.argtypes import OneLineParser, non_negative_int, positive_int, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="edgevlm", description="edgevlm native VLM engine")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="edgevlm", description="edgevlm native VLM engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     gen = sub.add_parser("generate", help="generate text from a prompt with a GGUF text model")
     gen.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1 from models/)")
     gen.add_argument("--prompt", required=True, help="the user turn (or the raw text with --raw)")
@@ -130,14 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"generate": _generate, "describe": _describe, "convert": _convert,
                 "bench": _lazy("tools.bench", "run_bench"), "tune": _lazy("tools.tune", "run_tune"),
                 "camera": _lazy("ros.camera", "run_camera"), "demo": _lazy("ros.demo", "run_demo")}
-    try:
-        return handlers[args.command](args)
-    except (ValueError, OSError, RuntimeError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"edgevlm: error: {message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return run_command(handlers[args.command], args)
 
 
 if __name__ == "__main__":

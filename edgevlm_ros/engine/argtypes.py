@@ -1,8 +1,13 @@
-"""argparse value types shared by the command-line entry points (one message format everywhere)."""
+"""argparse pieces shared by the command-line entry points (`edgevlm`, `python -m` of a tool or
+of the camera): value types with one message format everywhere, a parser whose errors are one
+line, and the one-line error reporting of a command."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 
 def _int(text: str, lowest: int) -> int:
@@ -21,3 +26,23 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return _int(text, 0)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (`prog: error: message`), not usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace, prog: str = "edgevlm") -> int:
+    """handler(args), with ValueError / OSError / RuntimeError as one line on stderr and exit 1
+    (never a traceback), and Ctrl-C as 130."""
+    try:
+        return int(handler(args))
+    except (ValueError, OSError, RuntimeError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

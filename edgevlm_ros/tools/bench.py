@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.argtypes import positive_int
+from ..engine.argtypes import OneLineParser, positive_int, run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -1109,9 +1109,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m edgevlm_ros.tools.bench`: the same as `edgevlm bench`."""
-    from ..cli import main as cli_main
-
-    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
+    parser = add_bench_arguments(OneLineParser(prog="edgevlm bench"))
+    return run_command(run_bench, parser.parse_args(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.argtypes import positive_int
+from ..engine.argtypes import OneLineParser, positive_int, run_command
 
 FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
 PREFILL_M = 64
@@ -471,9 +471,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m edgevlm_ros.tools.tune`: the same as `edgevlm tune`."""
-    from ..cli import main as cli_main
-
-    return cli_main(["tune", *(sys.argv[1:] if argv is None else argv)])
+    parser = add_tune_arguments(OneLineParser(prog="edgevlm tune"))
+    return run_command(run_tune, parser.parse_args(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
