@@ -77,8 +77,9 @@ def load_frame(path: str | None) -> np.ndarray:
 
 
 def ttft_ms(result: Any) -> float:
-    t = result.timings_ms
-    return float(t["preprocess"] + t["vision"] + t["prefill"])
+    from edgevlm_ros.engine.latency import first_token_ms
+
+    return first_token_ms(result.timings_ms)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgevlm_ros.demo.scenes import generate_scene
-from edgevlm_ros.ros.camera import (
+from edgevlm_ros.demo.sources import (
     FolderSource,
     SceneSource,
     SourceError,
@@ -20,8 +20,8 @@ from edgevlm_ros.ros.camera import (
     caption_message,
     open_source,
     scene_from_caption,
-    split_ros_args,
 )
+from edgevlm_ros.ros.camera import split_ros_args
 
 
 def test_scene_source_is_the_scene_stream() -> None:

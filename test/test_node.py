@@ -3,7 +3,7 @@ ros_helpers), frames published over DDS by a camera process or by this pytest pr
 received over DDS. No mocks of ROS or of the engine; the model is a small random SmolVLM (its
 text is meaningless but deterministic, which is what these tests compare).
 
-Also the node's plain-Python parts (node_params, latency_stats), which need no ROS.
+Also the node's plain-Python parts (node_params, frame_slot, engine.latency), which need no ROS.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ from ros_helpers import (  # noqa: F401 - vlm_pair_fixture provides the vlm_pair
 )
 from sensor_msgs.msg import Image
 
+from edgevlm_ros.engine.latency import LatencyWindow, percentile
 from edgevlm_ros.ros import frames
-from edgevlm_ros.ros.latency_stats import FrameCounts, LatencyWindow, NewestFrameSlot, percentile
+from edgevlm_ros.ros.frame_slot import FrameCounts, NewestFrameSlot
 from edgevlm_ros.ros.node_params import PARAMS, ParamError, apply_changes, as_values, defaults, validate
 
 STAGES = ("preprocess", "vision", "prefill", "decode", "total", "age")

@@ -396,9 +396,6 @@ def test_expand_image_prompt_rejects_bad_grids() -> None:
 
 def test_import_is_light() -> None:
     """Importing preprocess needs neither the native engine nor torch / transformers."""
-    code = (
-        "import sys, edgevlm_ros.engine.preprocess\n"
-        "heavy = [m for m in ('torch', 'transformers', 'edgevlm_ros._engine') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-    )
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={"PYTHONPATH": str(ROOT)})
+    probe = [str(ROOT / "test" / "import_probe.py"), "edgevlm_ros.engine.preprocess", "torch", "transformers",
+             "edgevlm_ros._engine"]
+    subprocess.run([sys.executable, *probe], cwd=ROOT, check=True, env={"PYTHONPATH": str(ROOT)})

@@ -160,17 +160,7 @@ def test_cli_errors_are_one_line(args: tuple[str, ...], message: str) -> None:
     assert "Traceback" not in p.stderr
 
 
-PIN_PROBE = """
-import json, os
-from edgevlm_ros.engine.text_model import load
-m = load(threads=3)
-workers = {}
-for tid in os.listdir("/proc/self/task"):
-    name = open(f"/proc/self/task/{tid}/comm").read().strip()
-    if name.startswith("evk-worker-"):
-        workers[name] = sorted(os.sched_getaffinity(int(tid)))
-print(json.dumps({"workers": workers, "allowed": sorted(os.sched_getaffinity(0))}))
-"""
+PIN_PROBE = ROOT / "test" / "pin_probe.py"  # the child program
 
 
 @pytest.mark.parametrize("pin", ["0", "1"])
@@ -178,7 +168,7 @@ def test_worker_threads_are_named_and_pinned_on_request(pin: str) -> None:
     """The pool's workers are named evk-worker-N; EDGEVLM_PIN_THREADS=1 pins worker N to the N-th
     CPU the process may use (wrapping), leaving the caller's thread alone."""
     env = {**os.environ, "EDGEVLM_PIN_THREADS": pin}
-    done = subprocess.run([sys.executable, "-c", PIN_PROBE], capture_output=True, text=True, env=env, cwd=ROOT,
+    done = subprocess.run([sys.executable, str(PIN_PROBE)], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -3,7 +3,7 @@
     edgevlm camera [--source SRC] [--rate HZ] [--frames N] [--size WxH] [--seed S] [--loop] ...
 
 Sources (`--source`):
-  scenes (default)     the synthetic world of `edgevlm_ros.scenes` (what the demo model knows), frame i of
+  scenes (default)     the synthetic world of `edgevlm_ros.demo.scenes` (what the demo model knows), frame i of
                        stream `--seed`, `--size` (default 320x240); the ground truth goes out beside it
   DIR                  the images of a folder (png, jpg, bmp, ppm/pgm, tif, webp), in name order
   FILE                 a video file (anything OpenCV's FFmpeg backend reads)
@@ -24,236 +24,35 @@ Topics (relative, so `--ros-args -r __ns:=/robot1` or a remap moves them; `--top
                  REP 103 wants, rather than carrying text.
 
 Nothing network-wide is set here: discovery follows the environment (the Makefile and the tests
-set ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST). rclpy is imported only when the publisher starts,
-so the frame sources below (and `import edgevlm_ros.camera`) work without ROS.
+set ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST). The frame sources are `demo/sources.py` (no ROS);
+rclpy is imported only when the publisher starts, so `edgevlm --help` (which adds these arguments)
+loads no ROS.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..demo.scenes import Scene, generate_scene
+from ..demo.sources import (
+    CAPTION_DEPTH,
+    DEFAULT_SEED,
+    FrameSource,
+    SceneSource,
+    SourceError,
+    caption_message,
+    open_source,
+)
 from ..engine.argtypes import non_negative_int
 
-__all__ = [
-    "Frame",
-    "FrameSource",
-    "SceneSource",
-    "FolderSource",
-    "VideoSource",
-    "DeviceSource",
-    "add_camera_arguments",
-    "caption_message",
-    "open_source",
-    "run_camera",
-    "scene_from_caption",
-    "split_ros_args",
-]
-
-log = logging.getLogger("edgevlm.camera")
-
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".pnm", ".tif", ".tiff", ".webp")
-DEFAULT_SEED = 42  # a stream the demo model never saw in training (tools/train_demo_vlm.py)
-DEFAULT_SIZE = (320, 240)  # 230 KB per rgb8 frame: fits Fast DDS's default 512 KB shared-memory segment
-
-
-class SourceError(RuntimeError):
-    """A source that cannot be opened or read: the message says which and why."""
-
-
-@dataclass
-class Frame:
-    """One frame: RGB uint8 (H, W, 3), and for generated scenes what it shows."""
-
-    rgb: np.ndarray
-    index: int
-    scene: Scene | None = None
-
-
-class FrameSource:
-    """Yields frames until the source ends (None)."""
-
-    name = "source"
-
-    def read(self) -> Frame | None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Releases the device or file (idempotent)."""
-
-    def __iter__(self) -> Iterator[Frame]:
-        while (f := self.read()) is not None:
-            yield f
-
-
-def _resize(rgb: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
-    import cv2
-
-    if size is None or (rgb.shape[1], rgb.shape[0]) == size:
-        return rgb
-    return np.ascontiguousarray(cv2.resize(rgb, size, interpolation=cv2.INTER_AREA))
-
-
-def _bgr_to_rgb(image: np.ndarray) -> np.ndarray:
-    """OpenCV's BGR / BGRA / grey frames -> RGB uint8."""
-    import cv2
-
-    if image.dtype != np.uint8:  # 16-bit PNG / TIFF: keep the high byte
-        image = (image >> 8).astype(np.uint8) if image.dtype == np.uint16 else image.astype(np.uint8)
-    if image.ndim == 2:
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
-    if image.shape[2] == 4:
-        return cv2.cvtColor(image, cv2.COLOR_BGRA2RGB)
-    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-
-
-class SceneSource(FrameSource):
-    """Frames start, start + 1, ... of a scene stream; endless."""
-
-    name = "scenes"
-
-    def __init__(self, seed: int = DEFAULT_SEED, size: tuple[int, int] = DEFAULT_SIZE, start: int = 0) -> None:
-        self.seed, self.size, self.next_index = int(seed), size, int(start)
-        generate_scene(self.seed, self.next_index, *size)  # refuses a size too small, now
-
-    def read(self) -> Frame:
-        scene = generate_scene(self.seed, self.next_index, *self.size)
-        self.next_index += 1
-        return Frame(scene.image(), scene.index, scene)
-
-
-class FolderSource(FrameSource):
-    """The images of a folder in name order; unreadable files are skipped with a warning."""
-
-    name = "folder"
-
-    def __init__(self, folder: str | Path, loop: bool = False, size: tuple[int, int] | None = None) -> None:
-        self.folder = Path(folder)
-        self.files = sorted(p for p in self.folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-        if not self.files:
-            raise SourceError(f"folder '{folder}' has no images ({', '.join(IMAGE_EXTENSIONS)})")
-        self.loop, self.size = loop, size
-        self._pos = 0
-        self.non_negative_int = 0
-        self._readable_this_pass = 0
-
-    def read(self) -> Frame | None:
-        import cv2
-
-        while True:
-            if self._pos == len(self.files):
-                if not self.loop or self._readable_this_pass == 0:
-                    return None
-                self._pos, self._readable_this_pass = 0, 0
-            path = self.files[self._pos]
-            self._pos += 1
-            image = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-            if image is None:
-                log.warning("skipping '%s': not a readable image", path)
-                continue
-            self._readable_this_pass += 1
-            frame = Frame(_resize(_bgr_to_rgb(image), self.size), self.non_negative_int)
-            self.non_negative_int += 1
-            return frame
-
-
-class VideoSource(FrameSource):
-    """A video file, or (device=True) a V4L2 device, through OpenCV."""
-
-    name = "video"
-
-    def __init__(self, target: str | int, loop: bool = False, size: tuple[int, int] | None = None,
-                 device: bool = False) -> None:
-        import cv2
-
-        self.target, self.loop, self.size, self.device = target, loop, size, device
-        if device:
-            self.name = "v4l2"
-            self.cap = cv2.VideoCapture(target, cv2.CAP_V4L2)
-            if self.cap.isOpened() and size is not None:
-                # Ask the driver; frames it sends in another size are resized below.
-                self.cap.set(cv2.CAP_PROP_FRAME_WIDTH, size[0])
-                self.cap.set(cv2.CAP_PROP_FRAME_HEIGHT, size[1])
-        else:
-            self.cap = cv2.VideoCapture(str(target))
-        if not self.cap.isOpened():
-            what = "V4L2 device" if device else "video file"
-            raise SourceError(f"cannot open {what} '{target}'")
-        self.non_negative_int = 0
-
-    def read(self) -> Frame | None:
-        import cv2
-
-        ok, image = self.cap.read()
-        if not ok and self.loop and not self.device and self.non_negative_int > 0:
-            self.cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
-            ok, image = self.cap.read()
-        if not ok:
-            if self.device:
-                raise SourceError(f"V4L2 device '{self.target}' stopped delivering frames")
-            return None
-        frame = Frame(_resize(_bgr_to_rgb(image), self.size), self.non_negative_int)
-        self.non_negative_int += 1
-        return frame
-
-    def close(self) -> None:
-        self.cap.release()
-
-
-def DeviceSource(target: str | int, size: tuple[int, int] | None = None) -> VideoSource:  # noqa: N802
-    """A V4L2 camera: `/dev/video0`, or its index."""
-    return VideoSource(target, size=size, device=True)
-
-
-_V4L2 = re.compile(r"^(?:v4l2:(?P<n>\d+)|(?P<dev>/dev/video\d+))$")
-
-
-def open_source(spec: str, *, seed: int = DEFAULT_SEED, size: tuple[int, int] | None = None, start: int = 0,
-                loop: bool = False) -> FrameSource:
-    """`scenes`, a folder, a video file, `/dev/videoN` or `v4l2:N` (see the module docstring)."""
-    m = _V4L2.match(spec)
-    if m:
-        return DeviceSource(int(m.group("n")) if m.group("n") else m.group("dev"), size=size)
-    if spec == "scenes":
-        return SceneSource(seed, size or DEFAULT_SIZE, start)
-    path = Path(spec)
-    if path.is_dir():
-        return FolderSource(path, loop=loop, size=size)
-    if path.is_file():
-        return VideoSource(path, loop=loop, size=size)
-    raise SourceError(f"source '{spec}' is not 'scenes', a folder, a video file, /dev/videoN or v4l2:N")
-
-
-# -- the caption message ------------------------------------------------------------------------------
-CAPTION_DEPTH = 100  # image/caption history kept for late subscribers (transient local)
-
-
-
-def caption_message(scene: Scene, sec: int, nanosec: int, frame_id: str) -> str:
-    """The JSON text published on image/caption for a generated frame."""
-    return json.dumps({"stamp": {"sec": sec, "nanosec": nanosec}, "frame_id": frame_id, "index": scene.index,
-                       "seed": scene.seed, "width": scene.width, "height": scene.height,
-                       "caption": scene.caption}, separators=(",", ":"))
-
-
-def scene_from_caption(text: str) -> tuple[tuple[int, int], Scene]:
-    """((sec, nanosec), scene) from an image/caption message: the scene is generated again, exactly."""
-    data = json.loads(text)
-    scene = generate_scene(int(data["seed"]), int(data["index"]), int(data["width"]), int(data["height"]))
-    if scene.caption != data["caption"]:
-        raise ValueError("caption message does not match its scene (another scenes.py version?)")
-    return (int(data["stamp"]["sec"]), int(data["stamp"]["nanosec"])), scene
+__all__ = ["add_camera_arguments", "main", "run_camera", "split_ros_args"]
 
 
 # -- command line ------------------------------------------------------------------------------------

@@ -21,14 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..demo.scoreboard import DemoStats
 from ..engine.argtypes import non_negative_int, positive_int
-from .latency_stats import LatencyWindow
+from ..engine.latency import REPORTED_STAGES
 
-STAGES = ("preprocess", "vision", "prefill", "decode", "total")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,33 +44,6 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 
 GROUND_TRUTH_WAIT_S = 15.0  # after the last counted description, for ground truth still on its way
-
-
-@dataclass
-class DemoStats:
-    described: int = 0
-    objects: int = 0
-    objects_right: int = 0
-    counts_right: int = 0
-    exact: int = 0
-    unmatched: int = 0  # descriptions whose ground truth never arrived
-    pending: dict[tuple[int, int], str] = field(default_factory=dict)  # stamp -> text, truth not yet here
-    latency: dict[str, LatencyWindow] = field(default_factory=lambda: {s: LatencyWindow(10_000) for s in STAGES})
-    counters: dict[str, int] = field(default_factory=dict)
-    closed: bool = False  # the --frames target was reached: later descriptions are not counted
-
-    def summary(self) -> dict[str, Any]:
-        unmatched = self.unmatched + len(self.pending)
-        n = max(self.described - unmatched, 1)
-        return {
-            "frames_described": self.described,
-            "frames_unmatched": unmatched,
-            "objects_fully_right": self.objects_right / max(self.objects, 1),
-            "count_right": self.counts_right / n,
-            "exact_captions": self.exact / n,
-            "latency_ms": {s: {"p50": w.p50, "p99": w.p99} for s, w in self.latency.items()},
-            "node_counters": self.counters,
-        }
 
 
 def _ros_env() -> dict[str, str]:
@@ -117,14 +89,6 @@ def _stop(procs: list[Any]) -> None:
             p.wait()
 
 
-def _line(stats: DemoStats, text: str, truth: str | None, verdict: str, ms: dict[str, float]) -> str:
-    lat = " ".join(f"{s} {ms.get(s, float('nan')):.0f}" for s in STAGES)
-    tot = stats.latency["total"]
-    dropped = stats.counters.get("frames_dropped", 0)
-    return (f"[{stats.described:4d}] {text!r}\n       truth: {truth!r} {verdict}\n"
-            f"       ms: {lat} | total p50 {tot.p50:.0f} p99 {tot.p99:.0f} | dropped {dropped}")
-
-
 def run_demo(args: argparse.Namespace) -> int:
     from ..demo.demo_model import DEMO_MMPROJ_PATH, ensure_demo_text_model
 
@@ -140,34 +104,18 @@ def run_demo(args: argparse.Namespace) -> int:
     from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
 
-    from ..demo.scenes import score
-    from .camera import CAPTION_DEPTH, scene_from_caption
+    from ..demo.sources import CAPTION_DEPTH, scene_from_caption
 
     stats = DemoStats()
-    truths: dict[tuple[int, int], Any] = {}
     log_dir = Path(tempfile.mkdtemp(prefix="edgevlm_demo_"))
     procs = _start_children(args, text_model, DEMO_MMPROJ_PATH, env, log_dir)
     rclpy.init()
     node = rclpy.create_node("edgevlm_demo_monitor")
 
-    def scored(text: str, scene: Any) -> str:
-        sc = score(text, scene)
-        stats.objects += sc.count_true
-        stats.objects_right += sc.n_right
-        stats.counts_right += int(sc.count_right)
-        stats.exact += int(sc.exact)
-        return f"objects {sc.n_right}/{sc.count_true} count {'ok' if sc.count_right else 'WRONG'}"
-
     def on_caption(msg: String) -> None:
-        stamp, scene = scene_from_caption(msg.data)
-        truths[stamp] = scene
-        if len(truths) > 500:  # keep the recent ground truth only
-            del truths[next(iter(truths))]
-        text = stats.pending.pop(stamp, None)
-        if text is not None:  # described before its ground truth got here (a late match)
-            verdict = scored(text, scene)
-            if not args.json:
-                print(f"       (late ground truth) {scene.caption!r} {verdict}", flush=True)
+        line = stats.add_truth(*scene_from_caption(msg.data))
+        if line is not None and not args.json:
+            print(line, flush=True)
 
     def on_diagnostics(msg: DiagnosticArray) -> None:
         for status in msg.status:
@@ -176,22 +124,10 @@ def run_demo(args: argparse.Namespace) -> int:
                 stats.counters = {k: int(float(values[k])) for k in values if k.startswith("frames_")}
             if not status.name.endswith(": frame") or "text" not in values or stats.closed:
                 continue
-            stats.described += 1
-            ms = {s: float(values.get(f"{s}_ms", "nan")) for s in STAGES}
-            for s in STAGES:
-                stats.latency[s].add(ms[s])
-            stamp = (msg.header.stamp.sec, msg.header.stamp.nanosec)
-            scene = truths.get(stamp)
-            if scene is None:
-                stats.pending[stamp] = values["text"]
-                if len(stats.pending) > 500:  # never coming: count it as unmatched
-                    del stats.pending[next(iter(stats.pending))]
-                    stats.unmatched += 1
-                verdict = "(ground truth not here yet)"
-            else:
-                verdict = scored(values["text"], scene)
+            ms = {s: float(values.get(f"{s}_ms", "nan")) for s in REPORTED_STAGES}
+            line = stats.add_description((msg.header.stamp.sec, msg.header.stamp.nanosec), values["text"], ms)
             if not args.json:
-                print(_line(stats, values["text"], scene.caption if scene else None, verdict, ms), flush=True)
+                print(line, flush=True)
 
     # Transient local, as the camera publishes it: the ground truth of frames published before this
     # monitor matched (the children start first) still arrives.

@@ -62,11 +62,12 @@ from rclpy.time import Time  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import Float64, String  # noqa: E402
 
+from ..engine.latency import AGE, REPORTED_STAGES, LatencyWindow  # noqa: E402
 from . import frames  # noqa: E402
-from .latency_stats import LatencyWindow, NewestFrameSlot  # noqa: E402
+from .frame_slot import NewestFrameSlot  # noqa: E402
 from .node_params import PARAMS, NodeParams, ParamError, apply_changes, validate  # noqa: E402
 
-STAGES = ("preprocess", "vision", "prefill", "decode", "total")
+STAGES = REPORTED_STAGES
 HEARTBEAT_S = 1.0
 # Stopping cancels a generation in progress at its next token; a worker still inside the engine
 # after this long (the vision encoder cannot be interrupted) is abandoned: the process exits
@@ -282,7 +283,7 @@ class EdgeVlmNode(Node):
         p = self.params
         self._description_pub = self.create_publisher(String, "description", OUTPUT_QOS)
         self._latency_pubs = {stage: self.create_publisher(Float64, f"latency/{stage}_ms", OUTPUT_QOS)
-                              for stage in (*STAGES, "age")}
+                              for stage in (*STAGES, AGE)}
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", OUTPUT_QOS)
         reliability = ReliabilityPolicy.RELIABLE if p.qos_reliability == "reliable" else ReliabilityPolicy.BEST_EFFORT
         image_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=p.qos_depth, reliability=reliability,
@@ -358,7 +359,7 @@ class EdgeVlmNode(Node):
         for stage, value in ms.items():
             self._latency_pubs[stage].publish(Float64(data=value))
         if age_ms is not None:
-            self._latency_pubs["age"].publish(Float64(data=age_ms))
+            self._latency_pubs[AGE].publish(Float64(data=age_ms))
 
         missed = result.stop_reason == "deadline"
         self._slot.finish(described=True, deadline_miss=missed)

@@ -558,38 +558,7 @@ def _peer_vision_once(cli: str, text: Path, mmproj: Path, image: Path, threads: 
 
 # -- peak RSS (one child process per engine) ----------------------------------------------------
 
-_CHILD = """
-import json, resource, sys
-
-
-def peak_kib():
-    # VmHWM: this process's own high-water mark. ru_maxrss would start at the parent's peak,
-    # which exec() carries over into the child.
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-cfg = json.loads(sys.argv[1])
-from pathlib import Path
-from edgevlm_ros import bench
-base = peak_kib()
-if cfg["engine"] == "ours":
-    eng = bench._Ours(Path(cfg["model"]), cfg["threads"], cfg["n_ctx"])
-else:
-    import llama_cpp
-    eng = bench._Peer(llama_cpp, Path(cfg["model"]), cfg["threads"], cfg["n_ctx"], cfg["flash_attn"],
-                      cfg["extra_bufts"])
-eng.prefill(cfg["ids"])
-eng.decode(cfg["ids"][:8], cfg["decode"])
-print(json.dumps({"base_kib": base, "peak_kib": peak_kib(),
-                  "ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
-"""
+CHILD = [sys.executable, "-m", "edgevlm_ros.tools.bench_child"]  # see bench_child.py
 
 
 def _child_env(extra_paths: Sequence[str]) -> dict[str, str]:
@@ -605,7 +574,7 @@ def _peak_rss(cfg: dict[str, Any], extra_paths: Sequence[str]) -> tuple[float | 
     """(peak RSS MiB, RSS MiB before the engine was loaded, error) of a child process that loads
     one engine (cfg["engine"]), prefills and decodes."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True, text=True,
+        proc = subprocess.run([*CHILD, "rss", json.dumps(cfg)], capture_output=True, text=True,
                               timeout=600, env=_child_env(extra_paths), check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, None, str(exc)
@@ -619,18 +588,6 @@ def _peak_rss(cfg: dict[str, Any], extra_paths: Sequence[str]) -> tuple[float | 
     return None, None, f"child exited {proc.returncode}: {tail}"
 
 
-_PROBE = """
-import sys
-from pathlib import Path
-import llama_cpp
-from edgevlm_ros import bench
-eng = bench._Peer(llama_cpp, Path(sys.argv[1]), int(sys.argv[2]), 256, False, True)
-eng.prefill(list(range(100, 164)))
-eng.decode([100, 101], 2)
-print("ok")
-"""
-
-
 def _peer_extra_bufts(cfg: BenchConfig, peer_mod: ModuleType) -> tuple[bool, str]:
     """Whether llama.cpp runs with its extra buffer types (weight repacking, AMX). 'auto' tries them
     in a child process first: on some machines (this KVM guest with AMX) they crash."""
@@ -638,7 +595,7 @@ def _peer_extra_bufts(cfg: BenchConfig, peer_mod: ModuleType) -> tuple[bool, str
         return cfg.peer_extra_bufts == "on", "--peer-extra-bufts " + cfg.peer_extra_bufts
     paths = [str(Path(peer_mod.__file__ or "").resolve().parent.parent)]
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, str(cfg.model), str(cfg.threads)], capture_output=True,
+        proc = subprocess.run([*CHILD, "probe", str(cfg.model), str(cfg.threads)], capture_output=True,
                               text=True, timeout=300, env=_child_env(paths), check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"probe failed ({exc})"

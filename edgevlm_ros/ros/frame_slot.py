@@ -1,5 +1,4 @@
-"""Frame bookkeeping for the node, in plain Python (no ROS): latency percentiles over a sliding
-window, and the one-slot frame queue with its counters.
+"""The node's newest-frame slot, in plain Python (no ROS): the one-slot frame queue with its counters.
 
 The queue is the node's back-pressure policy: the subscription callback puts every frame into a
 single slot and returns at once; a frame still waiting there when the next one arrives is
@@ -13,60 +12,14 @@ where in_flight is the waiting frame (0 or 1) plus the frame being worked on (0 
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["FrameCounts", "LatencyWindow", "NewestFrameSlot", "percentile"]
+__all__ = ["FrameCounts", "NewestFrameSlot"]
 
 T = TypeVar("T")
-
-
-def percentile(values: list[float] | tuple[float, ...], q: float) -> float:
-    """The q-th percentile (0..100) of values, linear between closest ranks (numpy's default).
-
-    NaN for no values.
-    """
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile {q} is outside 0..100")
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
-
-
-class LatencyWindow:
-    """The last `size` latencies (ms) and their percentiles. Not thread-safe: one owner."""
-
-    def __init__(self, size: int = 200) -> None:
-        if size < 1:
-            raise ValueError(f"window size must be >= 1, got {size}")
-        self._values: deque[float] = deque(maxlen=size)
-        self.count = 0  # all values ever added, not only those in the window
-
-    def add(self, value_ms: float) -> None:
-        self._values.append(float(value_ms))
-        self.count += 1
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def percentile(self, q: float) -> float:
-        return percentile(tuple(self._values), q)
-
-    @property
-    def p50(self) -> float:
-        return self.percentile(50.0)
-
-    @property
-    def p99(self) -> float:
-        return self.percentile(99.0)
 
 
 @dataclass(frozen=True)
