@@ -12,11 +12,19 @@ INCLUDE_DIRS = ["native", "kernels"]
 WARNINGS = ["-Wall", "-Wextra"]
 
 
+def binding_sources() -> list[str]:
+    """The pybind11 files (native/bindings*.cpp: the model API and the kernel test/tune entry
+    points): compiled into the extension only, never into a standalone native check."""
+    return sorted(glob.glob("native/bindings*.cpp", root_dir=ROOT))
+
+
 def sources(kernels_only: bool = False) -> list[str]:
-    """Library sources, relative to the repo root; test programs (*/tests/*) excluded."""
+    """Library sources, relative to the repo root; test programs (*/tests/*) and the bindings
+    excluded."""
     pattern = ["kernels/**/*.cpp"] if kernels_only else ["native/**/*.cpp", "kernels/**/*.cpp"]
     found = sorted(p for pat in pattern for p in glob.glob(pat, root_dir=ROOT, recursive=True))
-    return [p for p in found if "/tests/" not in p and not p.endswith("bindings.cpp")]
+    bindings = set(binding_sources())
+    return [p for p in found if "/tests/" not in p and p not in bindings]
 
 
 def headers() -> list[str]:

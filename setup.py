@@ -14,7 +14,7 @@ PACKAGE = "edgevlm_ros"
 # Compile the native sources in parallel (the machine's cores).
 ParallelCompile("EDGEVLM_BUILD_JOBS", default=0).install()
 
-sources = buildinfo.sources() + ["native/bindings.cpp"]
+sources = buildinfo.sources() + buildinfo.binding_sources()
 
 # Baseline x86-64 (or armv8-a) code everywhere; ISA-specific kernels carry their own target
 # attributes and are picked at run time by the operator table, so one build runs on any CPU.

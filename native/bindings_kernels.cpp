@@ -1,0 +1,346 @@
+// The kernel test/tune entry points of edgevlm_ros._engine: CPU features, the operator table
+// (rules, variants, choices), one operator by a named variant, reference (de)quantization. Used by
+// the tests, `edgevlm tune` and the bench; the models never come through here (bindings.cpp).
+#include "bindings_kernels.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#ifndef EVK_DEFAULT_OPTABLE
+#define EVK_DEFAULT_OPTABLE ""
+#endif
+
+#include "compute.h"
+
+namespace py = pybind11;
+using namespace evn;
+
+namespace {
+
+evk::DType dtype_named(const std::string& name) {
+    for (uint32_t id = 0; id < 64; ++id) {
+        const evk::TypeTraits* t = evk::type_traits(id);
+        if (t && name == t->name) return static_cast<evk::DType>(id);
+    }
+    throw py::value_error("unknown weight format '" + name + "'");
+}
+
+}  // namespace
+
+void register_kernel_bindings(py::module_& m) {
+    m.def("cpu_features", [] {
+        const evk::CpuFeatures f = evk::detect_cpu_features();
+        py::dict d;
+        d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f;
+        d["avx512bw"] = f.avx512bw; d["avx512vl"] = f.avx512vl; d["avxvnni"] = f.avxvnni; d["avx512vnni"] = f.avx512vnni;
+        d["avx512bf16"] = f.avx512bf16; d["amxbf16"] = f.amx_bf16;  // as the operator table names them
+        d["neon"] = f.neon; d["dotprod"] = f.dotprod; d["i8mm"] = f.i8mm;
+        return d;
+    });
+
+
+    // Kernel-level entry points for tests and `edgevlm tune`: one matmul by a named variant
+    // ('ref', 'best' = what the operator table picks for this shape and m, or any variant name).
+    // The weight of a kernel-level product: checked, with the named variant ('best': the table's
+    // choice) set for both phases and packed into its layout if it has one, reading the file's
+    // rows otherwise. prefill_only: a weight like the vision tower's (no decode kernel; the
+    // product runs as prefill whatever m), which the variant reads in the layout it prefers.
+    struct KernelCase {
+        Weight w;
+        int64_t m;
+        evk::Phase phase;
+    };
+    auto kernel_case = [](const std::string& variant, const std::string& wtype,
+                          const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& w, int64_t rows,
+                          int64_t cols, const py::array_t<float, py::array::c_style | py::array::forcecast>& x, int threads,
+                          bool prefill_only) {
+        const evk::DType t = dtype_named(wtype);
+        const evk::TypeTraits* tt = evk::type_traits(t);
+        if (!tt->computable) throw py::value_error("no matmul kernel for " + wtype);
+        const size_t rb = evk::row_bytes(t, cols);
+        if (rows < 1 || cols < 1 || rb == 0) throw py::value_error("cols must be a positive multiple of the block size");
+        if (static_cast<size_t>(w.size()) != rb * static_cast<size_t>(rows)) throw py::value_error("weight bytes do not match rows x cols");
+        if (x.ndim() != 2 || x.shape(1) != cols) throw py::value_error("x must have shape (m, cols)");
+        if (threads < 1 || threads > 64) throw py::value_error("threads must be in 1..64");
+        const WeightUse use = variant != "best" ? WeightUse::kUnset : prefill_only ? WeightUse::kPrefillOnly : WeightUse::kBoth;
+        Weight wt = make_weight(t, w.data(), rows, cols, use);
+        if (variant != "best") {
+            evk::MatmulChoice choice = evk::matmul_choice(variant);
+            bool ok = false;
+            for (const evk::VariantInfo& v : evk::list_variants())
+                if (v.op == "matmul" && v.name == variant)
+                    for (const std::string& f : v.formats) ok = ok || f == wtype;
+            if (!choice.fn || !ok) throw py::value_error("matmul variant '" + variant + "' does not run " + wtype + " here");
+            if (!prefill_only) {
+                choice.prefers = nullptr;  // both phases: the rows (or the layout the variant needs)
+                set_kernel(wt, evk::kDecode, choice);
+            }
+            set_kernel(wt, evk::kPrefill, choice);
+        }
+        return KernelCase{std::move(wt), x.shape(0), prefill_only ? evk::kPrefill : Compute::phase_for(x.shape(0))};
+    };
+    m.def("kernel_matmul", [kernel_case](const std::string& variant, const std::string& wtype,
+                                         py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w, int64_t rows,
+                                         int64_t cols, py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                                         int threads, bool prefill_only) {
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads, prefill_only);
+        py::array_t<float> y({kc.m, rows});
+        float* yp = y.mutable_data();
+        const float* xp = x.data();
+        {
+            py::gil_scoped_release nogil;
+            Compute c(threads, cols);
+            c.matmul(kc.w, xp, cols, kc.m, yp, rows, kc.phase);
+        }
+        return y;
+    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"), py::arg("threads") = 1,
+       py::arg("prefill_only") = false);
+    m.def("kernel_matmul_layout", [kernel_case](const std::string& variant, const std::string& wtype,
+                                                py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w,
+                                                int64_t rows, int64_t cols,
+                                                py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                                                bool prefill_only) {
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, 1, prefill_only);
+        const evk::MatmulChoice& c = kc.phase == evk::kDecode ? kc.w.decode : kc.w.prefill;
+        return std::string(kc.w.reads_packed(c) ? kc.w.packed_as->name : "rows");
+    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
+       py::arg("prefill_only") = false, "The weight layout kernel_matmul's product reads: 'rows' or a packing's name.");
+    m.def("kernel_matmul_seconds", [kernel_case](const std::string& variant, const std::string& wtype,
+                                                 py::array_t<uint8_t, py::array::c_style | py::array::forcecast> w,
+                                                 int64_t rows, int64_t cols,
+                                                 py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                                                 int threads, int repeat, bool prefill_only) {
+        if (repeat < 1 || repeat > 100000) throw py::value_error("repeat must be in 1..100000");
+        const KernelCase kc = kernel_case(variant, wtype, w, rows, cols, x, threads, prefill_only);
+        std::vector<float> y(static_cast<size_t>(kc.m * rows));
+        const float* xp = x.data();
+        double best = 1e30;
+        {
+            py::gil_scoped_release nogil;
+            Compute c(threads, cols);
+            c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, kc.phase);  // warm-up
+            for (int i = 0; i < repeat; ++i) {
+                const auto t0 = std::chrono::steady_clock::now();
+                c.matmul(kc.w, xp, cols, kc.m, y.data(), rows, kc.phase);
+                best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            }
+        }
+        return best;
+    }, py::arg("variant"), py::arg("wtype"), py::arg("w"), py::arg("rows"), py::arg("cols"), py::arg("x"),
+       py::arg("threads") = 1, py::arg("repeat") = 1, py::arg("prefill_only") = false,
+       "Best wall seconds of one product over `repeat` (after one warm-up), packing and set-up excluded.");
+
+    m.def("load_optable", [](const std::string& text, const std::string& source) {
+        try {
+            evk::load_optable(text, source);
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(source + ": " + e.what());
+        }
+    }, py::arg("text"), py::arg("source"), "Replaces the operator table rules; models loaded afterwards use them.");
+    m.def("optable_source", &evk::optable_source);
+    m.def("builtin_optable", [] { return std::string(EVK_DEFAULT_OPTABLE); }, "The compiled-in rules (kernels/optable.tsv).");
+    m.def("list_variants", [] {
+        py::list l;
+        for (const evk::VariantInfo& v : evk::list_variants()) {
+            py::dict d;
+            d["op"] = v.op; d["name"] = v.name; d["formats"] = v.formats; d["available"] = v.available;
+            d["layout"] = v.layout.empty() ? "rows" : v.layout;  // the weight layout it reads
+            l.append(d);
+        }
+        return l;
+    });
+    m.def("choose_matmul", [](const std::string& wtype, const std::string& phase, int64_t rows, int64_t k) {
+        if (phase != "decode" && phase != "prefill") throw py::value_error("phase must be decode or prefill");
+        return std::string(evk::choose_matmul(dtype_named(wtype), phase == "decode" ? evk::kDecode : evk::kPrefill, rows, k).name);
+    }, "The variant the active operator table picks.");
+
+    m.def("kernel_attention", [](const std::string& table, py::array_t<float, py::array::c_style | py::array::forcecast> q,
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> k,
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> v, float scale) {
+        if (q.ndim() != 1 || k.ndim() != 2 || v.ndim() != 2 || k.shape(1) != q.shape(0) || v.shape(1) != q.shape(0) ||
+            k.shape(0) != v.shape(0) || k.shape(0) < 1)
+            throw py::value_error("q (d,), k and v (n, d) with n >= 1");
+        const int64_t d = q.shape(0), n = k.shape(0);
+        py::array_t<float> out(d);
+        std::vector<float> scores(static_cast<size_t>(n));
+        evk::AttentionArgs a{q.data(), k.data(), v.data(), d, d, n, d, scale, out.mutable_data(), scores.data()};
+        const evk::AttentionFn fn = table == "ref" ? evk::reference_ops().attention
+                                  : table == "best" ? evk::best_ops().attention : evk::attention_variant(table);
+        if (!fn) throw py::value_error("attention variant '" + table + "' does not run here");
+        fn(a);
+        return out;
+    });
+
+    // One exp-based element-wise operator by a named variant ('ref', 'best' = what the operator
+    // table picked at start, or a variant name) on a copy of x: softmax over each row of a 2-D x
+    // (or the whole of a 1-D x) with the given scale, gelu_tanh over all of x, silu_mul with b
+    // (the shape of x) as the gate's other factor.
+    m.def("kernel_elementwise", [](const std::string& op, const std::string& variant,
+                                   py::array_t<float, py::array::c_style | py::array::forcecast> x, py::object b, float scale) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const evk::OpTable& table = variant == "best" ? evk::best_ops() : evk::reference_ops();
+        const bool named = variant != "best" && variant != "ref";
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        float* y = out.mutable_data();
+        std::memcpy(y, x.data(), static_cast<size_t>(x.size()) * sizeof(float));
+        const int64_t n = x.size();
+        if (op == "softmax") {
+            const evk::SoftmaxFn fn = named ? evk::softmax_variant(variant) : table.softmax;
+            if (!fn) throw py::value_error("softmax variant '" + variant + "' does not run here");
+            if (!b.is_none()) throw py::value_error("softmax takes no b");
+            const int64_t cols = x.shape(x.ndim() - 1), rows = n / cols;
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, cols, scale);
+        } else if (op == "gelu_tanh") {
+            const evk::GeluFn fn = named ? evk::gelu_tanh_variant(variant) : table.gelu_tanh;
+            if (!fn) throw py::value_error("gelu_tanh variant '" + variant + "' does not run here");
+            if (!b.is_none()) throw py::value_error("gelu_tanh takes no b");
+            py::gil_scoped_release nogil;
+            fn(y, n);
+        } else if (op == "silu_mul" || op == "add") {  // the same signature: a = f(a, b) over n
+            const evk::SiluMulFn fn = op == "add" ? (named ? evk::add_variant(variant) : table.add)
+                                                  : (named ? evk::silu_mul_variant(variant) : table.silu_mul);
+            if (!fn) throw py::value_error(op + " variant '" + variant + "' does not run here");
+            if (b.is_none()) throw py::value_error(op + " needs b");
+            const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+            if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");
+            const float* bp = bb.data();
+            py::gil_scoped_release nogil;
+            fn(y, bp, n);
+        } else {
+            throw py::value_error("unknown element-wise operator '" + op + "' (softmax, gelu_tanh, silu_mul, add)");
+        }
+        return out;
+    }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("b") = py::none(), py::arg("scale") = 1.f);
+
+    // rmsnorm or layernorm of each row of x (2-D, or 1-D: one row) by a named variant ('ref', 'best'
+    // or a variant name): w (and for layernorm the optional b) as long as a row.
+    m.def("kernel_norm", [](const std::string& op, const std::string& variant,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> w, py::object b, float eps) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const int64_t cols = x.shape(x.ndim() - 1), rows = x.size() / cols;
+        if (w.ndim() != 1 || w.shape(0) != cols) throw py::value_error("w must be 1-D, as long as a row of x");
+        const evk::OpTable& table = variant == "best" ? evk::best_ops() : evk::reference_ops();
+        const bool named = variant != "best" && variant != "ref";
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        float* y = out.mutable_data();
+        const float* xp = x.data();
+        const float* wp = w.data();
+        if (op == "rmsnorm") {
+            const evk::RmsNormFn fn = named ? evk::rmsnorm_variant(variant) : table.rmsnorm;
+            if (!fn) throw py::value_error("rmsnorm variant '" + variant + "' does not run here");
+            if (!b.is_none()) throw py::value_error("rmsnorm takes no b");
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, y + r * cols, cols, eps);
+        } else if (op == "layernorm") {
+            const evk::LayerNormFn fn = named ? evk::layernorm_variant(variant) : table.layernorm;
+            if (!fn) throw py::value_error("layernorm variant '" + variant + "' does not run here");
+            py::array_t<float, py::array::c_style | py::array::forcecast> bb;
+            const float* bp = nullptr;
+            if (!b.is_none()) {
+                bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+                if (!bb || bb.ndim() != 1 || bb.shape(0) != cols) throw py::value_error("b must be 1-D, as long as a row of x");
+                bp = bb.data();
+            }
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, bp, y + r * cols, cols, eps);
+        } else {
+            throw py::value_error("unknown norm '" + op + "' (rmsnorm, layernorm)");
+        }
+        return out;
+    }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("w"), py::arg("b") = py::none(), py::arg("eps") = 1e-5f);
+
+    // rope by a named variant on a copy of x: each row of x (2-D, or 1-D: one row) holds n_heads
+    // heads head_dim apart (a row may be longer); cs the rope_dims (cos, sin) values of one position.
+    m.def("kernel_rope", [](const std::string& variant, py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                            int64_t n_heads, int64_t head_dim, int64_t rope_dims,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> cs, bool neox) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const int64_t cols = x.shape(x.ndim() - 1), rows = x.size() / cols;
+        if (n_heads < 1 || head_dim < 1 || rope_dims < 0 || rope_dims > head_dim || n_heads * head_dim > cols)
+            throw py::value_error("need n_heads, head_dim >= 1, rope_dims in [0, head_dim], n_heads * head_dim <= row length");
+        if (cs.size() < rope_dims / 2 * 2) throw py::value_error("cs must hold rope_dims / 2 (cos, sin) pairs");
+        const evk::RopeFn fn = variant == "best" ? evk::best_ops().rope : variant == "ref" ? evk::reference_ops().rope
+                                                                                           : evk::rope_variant(variant);
+        if (!fn) throw py::value_error("rope variant '" + variant + "' does not run here");
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        float* y = out.mutable_data();
+        std::memcpy(y, x.data(), static_cast<size_t>(x.size()) * sizeof(float));
+        const float* c = cs.data();
+        py::gil_scoped_release nogil;
+        for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, n_heads, head_dim, rope_dims, c, neox);
+        return out;
+    }, py::arg("variant"), py::arg("x"), py::arg("n_heads"), py::arg("head_dim"), py::arg("rope_dims"), py::arg("cs"),
+       py::arg("neox") = false);
+
+    m.def("rope_angles", [](float pos, float theta_base, int64_t rope_dims) {
+        if (rope_dims < 0) throw py::value_error("rope_dims must be >= 0");
+        py::array_t<float> cs(rope_dims / 2 * 2);
+        evk::rope_angles(pos, theta_base, rope_dims, cs.mutable_data());
+        return cs;
+    }, py::arg("pos"), py::arg("theta_base"), py::arg("rope_dims"), "(cos, sin) of each rope pair at a position.");
+
+    m.def("choose", [](const std::string& op) {
+        try {
+            return evk::choose(op);
+        } catch (const std::invalid_argument& e) {
+            throw py::value_error(e.what());
+        }
+    }, "The variant the active operator table picks for attention or an element-wise operator (softmax, gelu_tanh, "
+       "silu_mul, rmsnorm, layernorm, rope, add).");
+
+    m.def("quantize", [](const std::string& wtype, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        const evk::DType t = dtype_named(wtype);
+        const int64_t n = x.size();
+        const size_t rb = evk::row_bytes(t, n);
+        if (rb == 0) throw py::value_error("size must be a multiple of the block size");
+        py::array_t<uint8_t> out(static_cast<py::ssize_t>(rb));
+        switch (t) {
+        case evk::DType::Q8_0: evk::quantize_row_q8_0(x.data(), out.mutable_data(), n); break;
+        case evk::DType::Q4_0: evk::quantize_row_q4_0(x.data(), out.mutable_data(), n); break;
+        case evk::DType::Q4_1: evk::quantize_row_q4_1(x.data(), out.mutable_data(), n); break;
+        case evk::DType::F16: {
+            uint16_t* o = reinterpret_cast<uint16_t*>(out.mutable_data());
+            for (int64_t i = 0; i < n; ++i) o[i] = evk::fp32_to_fp16(x.data()[i]);
+            break;
+        }
+        case evk::DType::F32: std::memcpy(out.mutable_data(), x.data(), rb); break;
+        default: throw py::value_error("no reference quantizer for " + wtype);
+        }
+        return out;
+    }, "Reference quantization of a float32 array (a whole number of blocks) to raw GGUF bytes.");
+
+    m.def("dequantize", [](const std::string& wtype, py::array_t<uint8_t, py::array::c_style | py::array::forcecast> raw, int64_t n) {
+        const evk::DType t = dtype_named(wtype);
+        if (!evk::type_traits(t)->computable) throw py::value_error("format " + wtype + " is not supported");
+        const size_t rb = evk::row_bytes(t, n);
+        if (rb == 0 || static_cast<size_t>(raw.size()) != rb) throw py::value_error("byte count does not match n");
+        py::array_t<float> out(n);
+        evk::dequantize_row(t, raw.data(), out.mutable_data(), n);
+        return out;
+    }, "Reference dequantization of raw GGUF bytes to n float32 values.");
+
+    m.def("kernel_variants", [] {
+        py::dict d;
+        for (const char* name : {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}) {
+            const evk::DType t = dtype_named(name);
+            d[py::str(std::string("matmul/") + name + "/decode")] = evk::choose_matmul(t, evk::kDecode, 1024, 1024).name;
+            d[py::str(std::string("matmul/") + name + "/prefill")] = evk::choose_matmul(t, evk::kPrefill, 1024, 1024).name;
+        }
+        const evk::OpTable& b = evk::best_ops();
+        d["attention"] = b.attention_variant;
+        d["softmax"] = b.softmax_variant;
+        d["gelu_tanh"] = b.gelu_tanh_variant;
+        d["silu_mul"] = b.silu_mul_variant;
+        d["rmsnorm"] = b.rmsnorm_variant;
+        d["layernorm"] = b.layernorm_variant;
+        d["rope"] = b.rope_variant;
+        d["add"] = b.add_variant;
+        return d;
+    });
+}
