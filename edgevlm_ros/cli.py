@@ -30,9 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     desc = sub.add_parser("describe", help="describe an image (JPEG, PNG, ...) with a text GGUF + mmproj pair")
     desc.add_argument("image", help="image file")
-    desc.add_argument("--model", help="text GGUF of the VLM")
-    desc.add_argument("--mmproj", help="vision GGUF (mmproj) of the VLM")
-    desc.add_argument("--prompt", default=None, help="the question about the image")
+    desc.add_argument("--model", help="text GGUF of the VLM (neither this nor --mmproj: the embedded demo model)")
+    desc.add_argument("--mmproj", help="vision GGUF (mmproj) of the VLM (default: the embedded demo mmproj)")
+    desc.add_argument("--prompt", default=None, help="the question about the image (default: 'Describe what you "
+                      "see.'; with the embedded demo model the request it was trained on)")
     desc.add_argument("--system", help="system prompt (its KV cache is reused, see --prefix-cache-dir)")
     desc.add_argument("--max-tokens", type=non_negative_int, default=64, help="most tokens to generate (64)")
     desc.add_argument("--threads", type=positive_int, default=None, help="threads (default: cores, at most 8)")
@@ -90,12 +91,14 @@ def _read_rgb(path: str) -> Any:
 
 
 def _describe(args: argparse.Namespace) -> int:
+    from .demo.demo_model import DEMO_PROMPT, resolve_pair
     from .engine.vlm import DEFAULT_PROMPT, load_vlm
 
     rgb = _read_rgb(args.image)
-    vlm = load_vlm(args.model, args.mmproj, threads=args.threads, image_mode=args.image_mode,
+    vlm = load_vlm(*resolve_pair(args.model, args.mmproj), threads=args.threads, image_mode=args.image_mode,
                    system_prompt=args.system, prefix_cache_dir=args.prefix_cache_dir, longest_edge=args.longest_edge)
-    result = vlm.describe(rgb, prompt=args.prompt or DEFAULT_PROMPT, max_new_tokens=args.max_tokens)
+    default_prompt = DEFAULT_PROMPT if args.model or args.mmproj else DEMO_PROMPT
+    result = vlm.describe(rgb, prompt=args.prompt or default_prompt, max_new_tokens=args.max_tokens)
     if args.json:
         print(json.dumps(result.as_dict(), ensure_ascii=False))
     else:

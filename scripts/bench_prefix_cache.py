@@ -83,6 +83,7 @@ def ttft_ms(result: Any) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from edgevlm_ros.demo.demo_model import resolve_pair
     from edgevlm_ros.engine.vlm import load_vlm
 
     if "prefix_cache" not in inspect.signature(load_vlm).parameters:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def load(**kwargs: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        vlm = load_vlm(args.model, args.mmproj, **common, **kwargs)
+        vlm = load_vlm(*resolve_pair(args.model, args.mmproj), **common, **kwargs)
         return vlm, (time.perf_counter() - t0) * 1e3
 
     with tempfile.TemporaryDirectory(prefix="edgevlm_prefix_") as cache_dir:
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_prefix_cache.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="text GGUF (default: the default model)")
+    parser.add_argument("--model", default=None, help="text GGUF (neither this nor --mmproj: the embedded demo pair)")
     parser.add_argument("--mmproj", default=None, help="mmproj GGUF (default: the embedded demo mmproj)")
     parser.add_argument("--image", default=None, help="image file (default: a synthetic 640x480 frame)")
     parser.add_argument("--prompt", default="Describe the image in one sentence.")

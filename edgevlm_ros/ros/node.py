@@ -252,13 +252,14 @@ class EdgeVlmNode(Node):
     # -- start and stop ----------------------------------------------------------------------
     def load_engine(self) -> None:
         """Loads the model pair and the system prompt's KV cache. Raises ValueError / OSError."""
-        from ..engine.vlm import load_vlm  # here, so a bad parameter fails before the engine is imported
+        from ..demo.demo_model import resolve_pair  # here, so a bad parameter fails before the engine is imported
+        from ..engine.vlm import load_vlm
 
         p = self.params
         fault = os.environ.get(TEST_FAULT_ENV)
         fault_frame_id = parse_test_fault(fault) if fault is not None else None  # a bad value fails before loading
         t0 = time.perf_counter()
-        self._vlm = load_vlm(p.model, p.mmproj, threads=p.threads, image_mode=p.image_mode,
+        self._vlm = load_vlm(*resolve_pair(p.model, p.mmproj), threads=p.threads, image_mode=p.image_mode,
                              system_prompt=p.system_prompt, prefix_cache_dir=p.prefix_cache_dir)
         self._n_ctx = int(self._vlm.text.native.n_ctx)
         self._check_token_budget(p.max_new_tokens)
