@@ -1,6 +1,7 @@
 """Fault injection and resource bounds, each against a real node process over DDS (issue 7, items 4
-and 6). No mocks of ROS or of the engine; the one artificial fault is the node's own test hook
-(EDGEVLM_TEST_FAULT, see edgevlm_ros/node.py), which makes a named frame's generation fail half-way.
+and 6). No mocks of ROS or of the engine; the one artificial fault is the test's fault injection
+(EDGEVLM_TEST_FAULT, see test/fault_node.py: the node started here is that wrapper, which patches it
+into the production node before its main()), which makes a named frame's generation fail half-way.
 
 Two nodes share one random domain:
 - /fault1 (raw images): the test hook set, its model pair copied to a temporary folder (the
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fault_node import fault_node_command
 from ros_helpers import (  # noqa: F401 - vlm_pair_fixture provides the vlm_pair fixture
     Child,
     Inbox,
@@ -57,19 +59,7 @@ OK, WARN, ERROR = b"\x00", b"\x01", b"\x02"
 
 # A /diagnostics subscriber process: prints "ready" once the node's diagnostics reach it (so it is
 # matched), then listens until it is killed.
-LISTENER = """
-import sys, rclpy
-from diagnostic_msgs.msg import DiagnosticArray
-rclpy.init()
-node = rclpy.create_node("diag_listener_" + sys.argv[1])
-seen = []
-def on_diag(msg):
-    if not seen and any(s.hardware_id == sys.argv[2] for s in msg.status):
-        print("ready", flush=True)
-        seen.append(1)
-node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
-rclpy.spin(node)
-"""
+LISTENER = str(Path(__file__).resolve().parent / "diag_listener.py")
 
 
 def stamp_key(stamp: Any) -> tuple[int, int]:
@@ -105,7 +95,7 @@ def start(peer: RosPeer, tmp: Path, domain: int, namespace: str, diag: Inbox, pa
     image = f"/{namespace}_camera"
     args = {"namespace": namespace, "model": str(pair[0]), "mmproj": str(pair[1]), "image": image, "threads": "2",
             "transport": transport, "params_file": str(write_params_file(folder / "params.yaml", params))}
-    (launched,) = run_launch_file(args, folder)
+    (launched,) = run_launch_file(args, folder, resolve=fault_node_command)
     child = Child(launched.cmd, ros_env(domain, folder / "ros_log", {**launched.env, **(env or {})}), namespace)
     stack.callback(child.kill)
     msg_type, topic = (CompressedImage, f"{image}/compressed") if transport == "compressed" else (Image, image)
@@ -382,7 +372,7 @@ def test_diagnostics_subscribers_coming_and_going(faults: Faults) -> None:
     try:
         env = ros_env(faults.domain, faults.tmp / "listener_log")
         for round_ in range(2):
-            listeners = [Child([sys.executable, "-c", LISTENER, f"{round_}_{i}", node.fqn], env, f"listener{i}")
+            listeners = [Child([sys.executable, LISTENER, f"{round_}_{i}", node.fqn], env, f"listener{i}")
                          for i in range(3)]
             try:
                 for listener in listeners:
@@ -425,7 +415,7 @@ def test_the_test_hook_is_inert_unless_set(faults: Faults) -> None:
 
 def test_model_file_states(tmp_path: Path) -> None:
     """What the heartbeat's watch of a mapped model file tells apart (plain Python, no node)."""
-    from edgevlm_ros.ros.node import _watch
+    from edgevlm_ros.ros.model_files import watch as _watch
 
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF" + bytes(100))
@@ -444,7 +434,9 @@ def test_model_file_states(tmp_path: Path) -> None:
 
 
 def test_test_hook_values() -> None:
-    from edgevlm_ros.ros.node import ParamError, parse_test_fault
+    from fault_node import parse_test_fault
+
+    from edgevlm_ros.ros.node_params import ParamError
 
     assert parse_test_fault("raise_in_decode:cam-7") == "cam-7"
     for bad in ("", "raise_in_decode", "raise_in_decode:", "raise_in_vision:x", "1"):
@@ -536,7 +528,7 @@ def test_refused_at_start_with_one_line(vlm_pair: tuple[Path, Path], tmp_path: P
                                         env: dict[str, str], message: str) -> None:
     args = {"model": str(vlm_pair[0]), "mmproj": str(vlm_pair[1]), "threads": "2", "log_level": "warn",
             "params_file": str(write_params_file(tmp_path / "params.yaml", params))}
-    (launched,) = run_launch_file(args, tmp_path)
+    (launched,) = run_launch_file(args, tmp_path, resolve=fault_node_command)
     with Child(launched.cmd, ros_env(random_domain_id(), tmp_path / "ros_log", {**launched.env, **env}),
                "node") as child:
         rc = child.wait(120)

@@ -202,3 +202,31 @@ def test_the_engine_imports_no_other_layer() -> None:
           if i.importer.startswith("edgevlm_ros.engine") and i.target.startswith("edgevlm_ros.")
           and not i.target.startswith(("edgevlm_ros.engine", "edgevlm_ros._engine"))]
     assert up == []
+
+
+def source_run_with_c(paths: list[Path]) -> list[str]:
+    """'file:line' of every `[sys.executable, "-c", ...]`: a child program kept as source in a string."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.List, ast.Tuple)):
+                continue
+            for first, second in zip(node.elts, node.elts[1:], strict=False):
+                if (isinstance(first, ast.Attribute) and first.attr == "executable"
+                        and isinstance(first.value, ast.Name) and first.value.id == "sys"
+                        and isinstance(second, ast.Constant) and second.value == "-c"):
+                    found.append(f"{path.relative_to(path.parents[1])}:{node.lineno}")
+    return found
+
+
+def test_a_child_program_in_a_string_is_found(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    bad = tmp_path / "pkg" / "bench.py"
+    bad.write_text('import subprocess, sys\nCODE = "print(1)"\nsubprocess.run([sys.executable, "-c", CODE])\n')
+    assert source_run_with_c([bad]) == ["pkg/bench.py:3"]
+
+
+def test_child_programs_are_modules() -> None:
+    """The package and the tests start child Pythons as modules or files (`-m edgevlm_ros.ros.node`,
+    `test/fault_node.py`), never as source kept in a string."""
+    assert source_run_with_c(sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "test").glob("*.py"))) == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 
@@ -46,3 +46,11 @@ def run_command(handler: Callable[[argparse.Namespace], int], args: argparse.Nam
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def command_main(prog: str, add_arguments: Callable[[argparse.ArgumentParser], argparse.ArgumentParser],
+                 handler: Callable[[argparse.Namespace], int], argv: Sequence[str] | None = None) -> int:
+    """The `python -m` entry point of one subcommand: the same arguments, errors and exit codes
+    as `edgevlm <subcommand>`, without importing the CLI (which imports every subcommand)."""
+    parser = add_arguments(OneLineParser(prog=prog))
+    return run_command(handler, parser.parse_args(sys.argv[1:] if argv is None else argv))

@@ -7,7 +7,8 @@ Starts, as real ROS 2 processes talking over DDS (discovery kept on this machine
 and monitors them from this process: every described frame's text beside its ground truth, the
 per-stage latencies with running p50/p99, dropped frames. Ctrl-C stops everything; with
 `--frames N` it stops after N described frames and prints a summary (accuracy, latency
-percentiles, dropped frames).
+percentiles, dropped frames). This module is the ROS part (the children and the monitor node); the
+matching and scoring are `demo/scoreboard.py`, without ROS.
 """
 
 from __future__ import annotations

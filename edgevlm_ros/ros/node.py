@@ -1,17 +1,22 @@
 """The ROS 2 node `edgevlm` (executable `edgevlm_node`): camera frames in, descriptions and
-per-stage latencies out. The only module of the package that imports rclpy.
+per-stage latencies out.
+
+The node class declares the parameters (`node_params`), creates the publishers and the
+subscription, and hands every piece of work to plain functions tested without ROS: frame
+conversion and description (`frame_work`, `frames`), the newest-frame slot (`frame_slot`),
+model-file watching (`model_files`) and the diagnostics it publishes (`diagnostics`).
 
 Threads: the executor thread runs the subscription callback, which only puts the message into a
-one-frame slot (`latency_stats.NewestFrameSlot`) and returns, plus the parameter services and a
-1 Hz diagnostics heartbeat. One worker thread takes the newest frame, converts it to RGB
-(`frames`), runs the engine (`vlm.describe`, which releases the GIL), and publishes. Frames that
-arrive while the worker is busy replace the waiting one and are counted as dropped, so memory
-and latency stay bounded whatever the camera's rate.
+one-frame slot (`frame_slot.NewestFrameSlot`) and returns, plus the parameter services and a
+1 Hz diagnostics heartbeat. One worker thread takes the newest frame, converts it to RGB, runs
+the engine (`vlm.describe`, which releases the GIL), and publishes. Frames that arrive while the
+worker is busy replace the waiting one and are counted as dropped, so memory and latency stay
+bounded whatever the camera's rate.
 
 Topics (relative, so a namespace or a remap moves them all):
   in   image (sensor_msgs/Image) or, with transport=compressed, image/compressed
   out  description (std_msgs/String), latency/<stage>_ms (std_msgs/Float64) for stage in
-       preprocess, vision, prefill, decode, total, age; /diagnostics (diagnostic_msgs/DiagnosticArray)
+       engine.latency.REPORTED_STAGES and AGE; /diagnostics (diagnostic_msgs/DiagnosticArray)
 
 Faults are reported once and survived: a frame that cannot be converted or that the engine fails
 on gives one ERROR log line and one ERROR diagnostic stamped with that frame's stamp, publishes no
@@ -19,11 +24,6 @@ description, and the worker goes on with the next frame (the engine restores its
 every frame, so a generation that failed half-way leaves nothing behind). The model files are
 mapped at start and watched by the heartbeat: deleted, replaced or modified on disk, the node
 says so once and keeps serving what it loaded.
-
-Test hook (for test/test_faults.py only, inert unless set): the environment variable
-EDGEVLM_TEST_FAULT=raise_in_decode:<frame_id> makes every frame whose header.frame_id is
-<frame_id> fail in the middle of its generation (half its token budget decoded, then an
-exception from the decoder). The node logs a warning at start while the hook is set.
 """
 
 from __future__ import annotations
@@ -41,17 +41,14 @@ def _exit_quietly(signum: int, frame: object) -> None:
 signal.signal(signal.SIGINT, _exit_quietly)
 signal.signal(signal.SIGTERM, _exit_quietly)
 
-import math  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import rclpy  # noqa: E402
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult  # noqa: E402
 from rclpy.exceptions import ParameterException  # noqa: E402
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor  # noqa: E402
@@ -62,12 +59,12 @@ from rclpy.time import Time  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import Float64, String  # noqa: E402
 
-from ..engine.latency import AGE, REPORTED_STAGES, LatencyWindow  # noqa: E402
-from . import frames  # noqa: E402
+from ..engine.latency import AGE, REPORTED_STAGES, TOTAL, LatencyWindow  # noqa: E402
+from . import diagnostics, model_files  # noqa: E402
 from .frame_slot import NewestFrameSlot  # noqa: E402
+from .frame_work import FrameFailure, describe_frame, describe_message, report  # noqa: E402
 from .node_params import PARAMS, NodeParams, ParamError, apply_changes, validate  # noqa: E402
 
-STAGES = REPORTED_STAGES
 HEARTBEAT_S = 1.0
 # Stopping cancels a generation in progress at its next token; a worker still inside the engine
 # after this long (the vision encoder cannot be interrupted) is abandoned: the process exits
@@ -77,96 +74,8 @@ STOP_GRACE_S = 0.5
 # must not bury the log), with a count of the repeats.
 REPEAT_LOG_S = 5.0
 
-# The test hook's environment variable (see the module docstring); read by this module only.
-TEST_FAULT_ENV = "EDGEVLM_TEST_FAULT"
-TEST_FAULT_KINDS = ("raise_in_decode",)
-
 OUTPUT_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10, reliability=ReliabilityPolicy.RELIABLE,
                         durability=DurabilityPolicy.VOLATILE)
-
-
-def _kv(key: str, value: Any) -> KeyValue:
-    if isinstance(value, float):
-        value = "nan" if math.isnan(value) else f"{value:.1f}"
-    return KeyValue(key=key, value=str(value))
-
-
-def _describe_message(msg: Image | CompressedImage) -> str:
-    if isinstance(msg, Image):
-        return f"{msg.width}x{msg.height} {msg.encoding}"
-    return f"{msg.format or 'compressed'} ({len(msg.data)} bytes)"
-
-
-def parse_test_fault(value: str) -> str:
-    """The frame_id that EDGEVLM_TEST_FAULT=raise_in_decode:<frame_id> names. Raises ParamError."""
-    kind, sep, frame_id = value.strip().partition(":")
-    if kind not in TEST_FAULT_KINDS or not sep or not frame_id.strip():
-        raise ParamError(f"{TEST_FAULT_ENV}={value!r} is not a test fault (expected raise_in_decode:<frame_id>); "
-                         f"unset it outside tests")
-    return frame_id.strip()
-
-
-class InjectedFault(RuntimeError):
-    """Raised by the test hook only."""
-
-
-class _DecodeFaultHook:
-    """TEST HOOK (EDGEVLM_TEST_FAULT), installed only when that variable is set: stands in for the
-    engine's native decoder and passes every call through, except that a generation started while
-    `armed` decodes half its token budget for real and then raises, as a decoder failing half-way
-    would (the KV cache is left holding a half-finished answer)."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-        self.armed = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def generate(self, prompt: Any, max_new_tokens: int, stop_ids: Any, max_ms: float = 0.0) -> Any:
-        if not self.armed:
-            return self._engine.generate(prompt, max_new_tokens, stop_ids, max_ms)
-        partial = self._engine.generate(prompt, max(1, max_new_tokens // 2), stop_ids, max_ms)
-        raise InjectedFault(f"injected by the test hook {TEST_FAULT_ENV} after {len(partial['tokens'])} "
-                            f"decoded tokens")
-
-
-@dataclass
-class _WatchedFile:
-    """A model file mapped at start, and what the heartbeat last saw on disk."""
-
-    label: str  # "model" or "mmproj"
-    path: Path
-    identity: tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns at load
-    state: str = "ok"  # ok | deleted | replaced | modified
-
-    def look(self) -> str:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return "deleted"
-        if (st.st_dev, st.st_ino) != self.identity[:2]:
-            return "replaced"
-        return "ok" if (st.st_size, st.st_mtime_ns) == self.identity[2:] else "modified"
-
-
-def _watch(label: str, path: str | os.PathLike[str]) -> _WatchedFile:
-    resolved = Path(path).resolve()
-    st = os.stat(resolved)
-    return _WatchedFile(label, resolved, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-
-
-# What each state of a model file means for the node, and the level it is reported at.
-_FILE_STATES: dict[str, tuple[bytes, str]] = {
-    "ok": (DiagnosticStatus.OK, "is back as it was loaded"),
-    "deleted": (DiagnosticStatus.ERROR, "was deleted while the node runs: still serving the copy mapped at start, "
-                                        "but a restart will fail"),
-    "replaced": (DiagnosticStatus.WARN, "was replaced on disk: still serving the file loaded at start; restart "
-                                        "to load the new one"),
-    "modified": (DiagnosticStatus.ERROR, "was modified in place while mapped: descriptions may be wrong from now "
-                                         "on and reading a truncated file crashes the process; replace model files "
-                                         "by renaming a new file over them, then restart"),
-}
 
 
 class EdgeVlmNode(Node):
@@ -186,16 +95,14 @@ class EdgeVlmNode(Node):
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
         self._diag_lock = threading.Lock()
-        self._last_level = DiagnosticStatus.OK
+        self._last_level = "ok"
         self._last_message = "no frame described yet"
         self._last_error = ""
         self._last_error_logged = 0.0
         self._error_repeats = 0
         self._warned_zero_stamp = False
         self._n_ctx: int | None = None  # the engine's context size, once loaded: bounds max_new_tokens
-        self._fault_hook: _DecodeFaultHook | None = None
-        self._fault_frame_id: str | None = None
-        self._model_files: list[_WatchedFile] = []
+        self._model_files: list[model_files.WatchedFile] = []
         # "robot1/edgevlm: frame": the full name keeps several nodes apart in rqt_runtime_monitor.
         self._diag_name = self.get_fully_qualified_name().lstrip("/")
 
@@ -256,20 +163,13 @@ class EdgeVlmNode(Node):
         from ..engine.vlm import load_vlm
 
         p = self.params
-        fault = os.environ.get(TEST_FAULT_ENV)
-        fault_frame_id = parse_test_fault(fault) if fault is not None else None  # a bad value fails before loading
         t0 = time.perf_counter()
         self._vlm = load_vlm(*resolve_pair(p.model, p.mmproj), threads=p.threads, image_mode=p.image_mode,
                              system_prompt=p.system_prompt, prefix_cache_dir=p.prefix_cache_dir)
         self._n_ctx = int(self._vlm.text.native.n_ctx)
         self._check_token_budget(p.max_new_tokens)
-        self._model_files = [_watch("model", self._vlm.text.path), _watch("mmproj", self._vlm.mmproj_path)]
-        if fault_frame_id is not None:
-            self._fault_frame_id = fault_frame_id
-            self._fault_hook = _DecodeFaultHook(self._vlm.text.native)
-            self._vlm.text.native = self._fault_hook
-            self.get_logger().warning(f"TEST HOOK {TEST_FAULT_ENV}={fault} is set: frames with frame_id "
-                                      f"'{self._fault_frame_id}' will fail on purpose (never set it on a robot)")
+        self._model_files = [model_files.watch("model", self._vlm.text.path),
+                             model_files.watch("mmproj", self._vlm.mmproj_path)]
         self._prefix_status = str(self._vlm.prefix_cache_status)
         if self._prefix_status.startswith("rebuilt"):
             self.get_logger().warning(f"prefix cache {self._prefix_status}")
@@ -284,7 +184,7 @@ class EdgeVlmNode(Node):
         p = self.params
         self._description_pub = self.create_publisher(String, "description", OUTPUT_QOS)
         self._latency_pubs = {stage: self.create_publisher(Float64, f"latency/{stage}_ms", OUTPUT_QOS)
-                              for stage in (*STAGES, AGE)}
+                              for stage in (*REPORTED_STAGES, AGE)}
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", OUTPUT_QOS)
         reliability = ReliabilityPolicy.RELIABLE if p.qos_reliability == "reliable" else ReliabilityPolicy.BEST_EFFORT
         image_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=p.qos_depth, reliability=reliability,
@@ -330,67 +230,30 @@ class EdgeVlmNode(Node):
 
     def _describe(self, msg: Image | CompressedImage) -> None:
         p = self.params  # one consistent set for the whole frame
-        t0 = time.perf_counter()
         try:
-            rgb = frames.to_rgb(msg, p.max_image_pixels)
-        except ValueError as exc:
-            self._frame_failed(msg, f"bad image message ({_describe_message(msg)}): {exc}")
-            return
-        convert_ms = (time.perf_counter() - t0) * 1e3
-        if self._fault_hook is not None:
-            self._fault_hook.armed = msg.header.frame_id == self._fault_frame_id
-        try:
-            result = self._vlm.describe(rgb, p.prompt, p.max_new_tokens, deadline_ms=p.deadline_ms)
-        except Exception as exc:  # an engine failure is reported per frame, not fatal
-            if self._stop.is_set():
-                return
-            self._frame_failed(msg, f"engine failure on a {rgb.shape[1]}x{rgb.shape[0]} frame: "
-                                    f"{type(exc).__name__}: {exc}")
+            result = describe_frame(self._vlm, msg, p)
+        except FrameFailure as failure:
+            if not (failure.in_engine and self._stop.is_set()):
+                self._frame_failed(msg, str(failure))
             return
         if self._stop.is_set():
             return
-        t = result.timings_ms
-        ms = {stage: float(t.get(stage, math.nan)) for stage in STAGES}
-        # The message-to-RGB conversion is part of this node's preprocessing and of its total.
-        ms["preprocess"] += convert_ms
-        ms["total"] += convert_ms
         age_ms = self._age_ms(msg)
-
         self._description_pub.publish(String(data=result.text))
-        for stage, value in ms.items():
+        for stage, value in result.ms.items():
             self._latency_pubs[stage].publish(Float64(data=value))
         if age_ms is not None:
             self._latency_pubs[AGE].publish(Float64(data=age_ms))
-
-        missed = result.stop_reason == "deadline"
-        self._slot.finish(described=True, deadline_miss=missed)
-        self._totals.add(ms["total"])
-        n_tokens = len(result.token_ids)
-        if missed:
-            level = DiagnosticStatus.WARN
-            message = f"deadline of {p.deadline_ms:.0f} ms missed: published the text after {n_tokens} tokens"
-        else:
-            level = DiagnosticStatus.OK
-            message = f"described in {ms['total']:.0f} ms ({n_tokens} tokens, {result.stop_reason})"
-        values = [
-            _kv("text", result.text),
-            _kv("tokens", n_tokens),
-            _kv("tokens_per_s", float(result.tokens_per_s)),
-            _kv("stop_reason", result.stop_reason),
-            *(_kv(f"{stage}_ms", value) for stage, value in ms.items()),
-            _kv("convert_ms", convert_ms),
-            _kv("age_ms", math.nan if age_ms is None else age_ms),
-            _kv("image", _describe_message(msg)),
-            _kv("frame_id", msg.header.frame_id),
-        ]
-        self._publish_frame_status(msg, level, message, values)
+        self._slot.finish(described=True, deadline_miss=result.deadline_miss)
+        self._totals.add(result.ms[TOTAL])
+        self._publish_frame_status(msg, *report(result, msg, p, age_ms))
 
     def _frame_failed(self, msg: Image | CompressedImage, text: str) -> None:
         if self._slot.working:  # not yet counted (an internal error can come after the count)
             self._slot.finish(described=False)
         self._log_error(text)
-        self._publish_frame_status(msg, DiagnosticStatus.ERROR, text,
-                                   [_kv("image", _describe_message(msg)), _kv("frame_id", msg.header.frame_id)])
+        self._publish_frame_status(msg, "error", text,
+                                   [("image", describe_message(msg)), ("frame_id", msg.header.frame_id)])
 
     def _log_error(self, text: str) -> None:
         now = time.monotonic()
@@ -412,68 +275,39 @@ class EdgeVlmNode(Node):
         return (self.get_clock().now().nanoseconds - stamp.nanoseconds) / 1e6
 
     # -- diagnostics -------------------------------------------------------------------------
-    def _counter_values(self) -> list[KeyValue]:
-        c = self._slot.counts()
-        return [
-            _kv("frames_received", c.received),
-            _kv("frames_described", c.described),
-            _kv("frames_failed", c.failed),
-            _kv("frames_dropped", c.dropped),
-            _kv("frames_in_flight", c.in_flight),
-            _kv("deadline_misses", c.deadline_misses),
-            _kv("total_ms_p50", self._totals.p50),
-            _kv("total_ms_p99", self._totals.p99),
-        ]
+    def _counters(self) -> list[tuple[str, Any]]:
+        return diagnostics.counter_values(self._slot.counts(), self._totals)
 
-    def _publish_frame_status(self, msg: Image | CompressedImage, level: bytes, message: str,
-                              values: list[KeyValue]) -> None:
+    def _publish_frame_status(self, msg: Image | CompressedImage, level: str, message: str,
+                              values: list[tuple[str, Any]]) -> None:
         """One frame's result, stamped with the frame's own stamp (rqt shows which frame it was)."""
         self._last_level, self._last_message = level, message
-        status = DiagnosticStatus(level=level, name=f"{self._diag_name}: frame", message=message,
-                                  hardware_id=self.get_fully_qualified_name(),
-                                  values=values + self._counter_values())
+        status = diagnostics.status(level, f"{self._diag_name}: frame", message, self.get_fully_qualified_name(),
+                                    values + self._counters())
         self._publish_diagnostics(DiagnosticArray(header=msg.header, status=[status]))
 
     def _check_model_files(self) -> None:
         """Reports, once per change, a model file deleted, replaced or modified since it was loaded."""
-        for f in self._model_files:
-            state = f.look()
-            if state == f.state:
-                continue
-            f.state = state
-            level, meaning = _FILE_STATES[state]
-            text = f"{f.label} file {f.path} {meaning}"
-            log = {DiagnosticStatus.OK: self.get_logger().info, DiagnosticStatus.WARN: self.get_logger().warning}
+        for _, level, text in model_files.changes(self._model_files):
+            log = {"ok": self.get_logger().info, "warn": self.get_logger().warning}
             log.get(level, self.get_logger().error)(text)
-            status = DiagnosticStatus(level=level, name=f"{self._diag_name}: model files", message=text,
-                                      hardware_id=self.get_fully_qualified_name(),
-                                      values=[*(_kv(f"{w.label}_file", f"{w.state}: {w.path}")
-                                                for w in self._model_files), *self._counter_values()])
-            array = DiagnosticArray(status=[status])
-            array.header.stamp = self.get_clock().now().to_msg()
-            self._publish_diagnostics(array)
+            status = diagnostics.status(level, f"{self._diag_name}: model files", text,
+                                        self.get_fully_qualified_name(),
+                                        [*((f"{w.label}_file", f"{w.state}: {w.path}") for w in self._model_files),
+                                         *self._counters()])
+            self._publish_now(status)
 
     def _publish_heartbeat(self) -> None:
         """The worker's state once a second, so a monitor shows a stuck or starved node too."""
         self._check_model_files()
-        busy_since = self._slot.busy_since
         counts = self._slot.counts()
-        if busy_since is not None:
-            state, message = "describing", f"describing a frame for {time.monotonic() - busy_since:.1f} s"
-        elif counts.received == 0:
-            state, message = "waiting", f"no frame received yet on {self._sub.topic_name}"
-        else:
-            state, message = "idle", f"waiting for the next frame; last: {self._last_message}"
-        p = self.params
-        status = DiagnosticStatus(
-            level=self._last_level if state == "idle" else DiagnosticStatus.OK,
-            name=f"{self._diag_name}: worker", message=message, hardware_id=self.get_fully_qualified_name(),
-            values=[_kv("state", state), *self._counter_values(), _kv("prefix_cache", self._prefix_status),
-                    _kv("image_mode", p.image_mode), _kv("max_new_tokens", p.max_new_tokens),
-                    _kv("deadline_ms", p.deadline_ms or 0.0), _kv("period_s", p.period_s),
-                    _kv("topic", self._sub.topic_name),
-                    *(_kv(f"{f.label}_file", f.state) for f in self._model_files)],
-        )
+        state, message = diagnostics.worker_state(self._slot.busy_since, time.monotonic(), counts.received,
+                                                  self._sub.topic_name, self._last_message)
+        self._publish_now(diagnostics.heartbeat(
+            f"{self._diag_name}: worker", self.get_fully_qualified_name(), state, message, self._last_level,
+            self._counters(), self._prefix_status, self.params, self._sub.topic_name, self._model_files))
+
+    def _publish_now(self, status: Any) -> None:
         array = DiagnosticArray(status=[status])
         array.header.stamp = self.get_clock().now().to_msg()
         self._publish_diagnostics(array)

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.argtypes import OneLineParser, positive_int, run_command
+from ..engine.argtypes import command_main, positive_int
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -1066,8 +1066,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m edgevlm_ros.tools.bench`: the same as `edgevlm bench`."""
-    parser = add_bench_arguments(OneLineParser(prog="edgevlm bench"))
-    return run_command(run_bench, parser.parse_args(sys.argv[1:] if argv is None else argv))
+    return command_main("edgevlm bench", add_bench_arguments, run_bench, argv)
 
 
 if __name__ == "__main__":

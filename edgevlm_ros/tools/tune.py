@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.argtypes import OneLineParser, positive_int, run_command
+from ..engine.argtypes import command_main, positive_int
 
 FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
 PREFILL_M = 64
@@ -471,8 +471,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m edgevlm_ros.tools.tune`: the same as `edgevlm tune`."""
-    parser = add_tune_arguments(OneLineParser(prog="edgevlm tune"))
-    return run_command(run_tune, parser.parse_args(sys.argv[1:] if argv is None else argv))
+    return command_main("edgevlm tune", add_tune_arguments, run_tune, argv)
 
 
 if __name__ == "__main__":
