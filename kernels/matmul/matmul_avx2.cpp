@@ -101,7 +101,7 @@ EV_AVX2 void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n
 
 }  // namespace
 
-EV_AVX2 void matmul_avx2(const MatmulArgs& a) {
+EV_AVX2 void matmul_avx2_f32act(const MatmulArgs& a) {
     const char* base = static_cast<const char*>(a.w);
     for (int64_t r = a.row0; r < a.row1; ++r) {
         const void* row = base + static_cast<size_t>(r) * a.w_row_bytes;
