@@ -22,9 +22,7 @@
 #include "ops.h"
 
 #ifndef EVK_DEFAULT_OPTABLE
-#define EVK_DEFAULT_OPTABLE \
-    "matmul * * any - ref;attention * * any - ref;softmax * * any - ref;gelu_tanh * * any - ref;silu_mul * * any - ref;" \
-    "rmsnorm * * any - ref;layernorm * * any - ref;rope * * any - ref;add * * any - ref"
+#define EVK_DEFAULT_OPTABLE ""  // no rules: the reference serves every operator
 #endif
 
 namespace evk {
@@ -197,14 +195,9 @@ struct Variant {
 const std::vector<Variant>& registry() {
     static const std::vector<Variant> v = {
         {EVK_V(matmul, ref), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "-"},
-        {EVK_V(attention, ref), {}, "-"},
-        {EVK_V(softmax, ref), {}, "-"},
-        {EVK_V(gelu_tanh, ref), {}, "-"},
-        {EVK_V(silu_mul, ref), {}, "-"},
-        {EVK_V(rmsnorm, ref), {}, "-"},
-        {EVK_V(layernorm, ref), {}, "-"},
-        {EVK_V(rope, ref), {}, "-"},
-        {EVK_V(add, ref), {}, "-"},
+#define EVK_REFERENCE_ENTRY(name, Fn) {EVK_V(name, ref), {}, "-"},
+        EVK_OPS(EVK_REFERENCE_ENTRY)
+#undef EVK_REFERENCE_ENTRY
 #if defined(__aarch64__)
         {EVK_V(rmsnorm, neon), {}, "neon"},
         {EVK_V(layernorm, neon), {}, "neon"},
