@@ -5,9 +5,11 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "formats/formats.h"
+#include "op_list.h"
 
 namespace evk {
 
@@ -65,49 +67,44 @@ using SiluMulFn = void (*)(float* a, const float* b, int64_t n);  // a = silu(a)
 enum Phase { kDecode = 0, kPrefill = 1 };
 constexpr int64_t kDecodeMaxTokens = 3;  // m <= this uses the decode kernel
 
-// Norms, rotary embedding and the residual add (kernels/elementwise/norms_*.cpp). y may be x.
+// Norms (kernels/norms/), rotary embedding (kernels/rope/) and the residual add
+// (kernels/elementwise/). y may be x.
 using RmsNormFn = void (*)(const float* x, const float* w, float* y, int64_t n, float eps);
 using LayerNormFn = void (*)(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);  // b may be null
+// Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + rope_dims/2) ("neox")
+// of each head (heads head_dim apart) by the angles of one position: cs holds (cos, sin) of
+// pair i at 2i, 2i+1 (rope_angles). Elements past the rope_dims/2 pairs are left alone.
 using RopeFn = void (*)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, const float* cs, bool neox);
-// a += b. The same signature as SiluMulFn: the registry tells the two apart by name (optable.cpp).
+// a += b. The same signature as SiluMulFn: the registry names the operator of every variant.
 using AddFn = void (*)(float* a, const float* b, int64_t n);
 
-// Element-wise operators and attention, chosen once per process. Matrix products are chosen per
-// weight (format, phase, shape) by choose_matmul(). Attention and every element-wise operator
-// (softmax, gelu_tanh, silu_mul, rmsnorm, layernorm, rope, add) are chosen by the operator
-// table's rules (choose()).
+// The operators of EVK_OPS (op_list.h), chosen once per process by the operator table's rules
+// (choose()): for each, its function and the name of the variant that fills the slot. Matrix
+// products are chosen per weight (format, phase, shape) by choose_matmul().
 struct OpTable {
-    AttentionFn attention;
-    const char* attention_variant;
-    SoftmaxFn softmax;
-    const char* softmax_variant;
-    GeluFn gelu_tanh;
-    const char* gelu_tanh_variant;
-    SiluMulFn silu_mul;
-    const char* silu_mul_variant;
-    RmsNormFn rmsnorm;
-    const char* rmsnorm_variant;
-    LayerNormFn layernorm;
-    const char* layernorm_variant;
-    // Rotates pairs (2i, 2i+1) ("normal", GGUF llama q/k layout) or (i, i + rope_dims/2) ("neox")
-    // of each head (heads head_dim apart) by the angles of one position: cs holds (cos, sin) of
-    // pair i at 2i, 2i+1 (rope_angles). Elements past the rope_dims/2 pairs are left alone.
-    RopeFn rope;
-    const char* rope_variant;
-    AddFn add;  // a += b
-    const char* add_variant;
+#define EVK_OPTABLE_SLOT(name, Fn) \
+    Fn name;                       \
+    const char* name##_variant;
+    EVK_OPS(EVK_OPTABLE_SLOT)
+#undef EVK_OPTABLE_SLOT
 };
 
-// CPU features the table is chosen from.
+// CPU features the table is chosen from (EVK_CPU_FEATURES, op_list.h), as its rules name them.
+// amxbf16: AMX tiles with BF16 products that the OS lets this process use (Linux asks for the
+// tile state with arch_prctl once).
 struct CpuFeatures {
-    bool avx2 = false, fma = false, f16c = false, avx512f = false, avx512bw = false, avx512vl = false;
-    bool avxvnni = false, avx512vnni = false;
-    // AVX512-BF16, and AMX tiles with BF16 products that the OS lets this process use (Linux asks
-    // for the tile state with arch_prctl once).
-    bool avx512bf16 = false, amx_bf16 = false;
-    bool neon = false, dotprod = false, i8mm = false;
+#define EVK_CPU_FEATURE_FIELD(name) bool name = false;
+    EVK_CPU_FEATURES(EVK_CPU_FEATURE_FIELD)
+#undef EVK_CPU_FEATURE_FIELD
 };
 CpuFeatures detect_cpu_features();
+// The names of EVK_CPU_FEATURES, in its order, and whether f has the one named (false for a name
+// not in the list: known_cpu_feature tells).
+const std::vector<std::string>& cpu_feature_names();
+bool known_cpu_feature(const std::string& name);
+bool has_cpu_feature(const CpuFeatures& f, const std::string& name);
+// The names of EVK_OPS, in its order.
+const std::vector<std::string>& table_operators();
 
 // The reference table (scalar, the ground truth) and the best table for this CPU.
 const OpTable& reference_ops();
@@ -153,13 +150,10 @@ struct MatmulChoice {
     const ActPrep* act = nullptr;  // nullptr: the kernel reads x as floats
     int64_t panel_rows = 48;       // prefill: rows a call works through at a time (the runtime's chunks are multiples)
 };
-struct AttentionChoice { AttentionFn fn; const char* name; };
 // The variant the active operator table picks (the first matching rule that runs on this CPU).
 MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k);
-AttentionChoice choose_attention();
-// For an operator without formats or phases ("attention", "softmax", "gelu_tanh", "silu_mul",
-// "rmsnorm", "layernorm", "rope", "add"):
-// the name of the variant the active table picks, "ref" when no rule does.
+// For an operator of EVK_OPS: the name of the variant the active table picks, "ref" when no rule
+// does. Throws std::invalid_argument for any other name.
 std::string choose(const std::string& op);
 // Replaces the active rules (the text of an optable.tsv); throws std::invalid_argument on a bad
 // table, leaving the active one unchanged. Models loaded afterwards use the new rules.
@@ -170,30 +164,24 @@ struct VariantInfo { std::string op, name; std::vector<std::string> formats; boo
 std::vector<VariantInfo> list_variants();
 MatmulFn matmul_variant(const std::string& name);     // nullptr if unknown or not runnable here
 MatmulChoice matmul_choice(const std::string& name);  // fn nullptr if unknown or not runnable here
-AttentionFn attention_variant(const std::string& name);
-SoftmaxFn softmax_variant(const std::string& name);
-GeluFn gelu_tanh_variant(const std::string& name);
-SiluMulFn silu_mul_variant(const std::string& name);
-RmsNormFn rmsnorm_variant(const std::string& name);
-LayerNormFn layernorm_variant(const std::string& name);
-RopeFn rope_variant(const std::string& name);
-AddFn add_variant(const std::string& name);
+// For each operator of EVK_OPS, e.g. SoftmaxFn softmax_variant(name): the named variant's
+// function, nullptr if unknown or not runnable here.
+#define EVK_VARIANT_LOOKUP(name, Fn) Fn name##_variant(const std::string& variant);
+EVK_OPS(EVK_VARIANT_LOOKUP)
+#undef EVK_VARIANT_LOOKUP
 
 // The rotation angles of one position for rope: cs[2i], cs[2i + 1] = cos, sin of
 // pos * theta_base^(-2i / rope_dims), i < rope_dims / 2 (computed in double: positions reach
 // thousands). The same for every layer and head, so a model computes them once per token.
 void rope_angles(float pos, float theta_base, int64_t rope_dims, float* cs);
 
-// Scalar reference kernels, exported so tests and faster variants can compare against them.
+// Scalar reference kernels, exported so tests and faster variants can compare against them:
+// matmul_ref, dot_ref, and for each operator of EVK_OPS `name_ref`, of the signature of its Fn
+// (e.g. void softmax_ref(float* x, int64_t n, float scale)).
 void matmul_ref(const MatmulArgs& a);
-void attention_ref(const AttentionArgs& a);
 float dot_ref(const float* a, const float* b, int64_t n);
-void softmax_ref(float* x, int64_t n, float scale);
-void gelu_tanh_ref(float* a, int64_t n);
-void silu_mul_ref(float* a, const float* b, int64_t n);
-void rmsnorm_ref(const float* x, const float* w, float* y, int64_t n, float eps);
-void layernorm_ref(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
-void rope_ref(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, const float* cs, bool neox);
-void add_ref(float* a, const float* b, int64_t n);
+#define EVK_REFERENCE_DECL(name, Fn) std::remove_pointer_t<Fn> name##_ref;
+EVK_OPS(EVK_REFERENCE_DECL)
+#undef EVK_REFERENCE_DECL
 
 }  // namespace evk

@@ -1,8 +1,7 @@
 // The operator implementation table: a registry of kernel variants and the rules (from
 // kernels/optable.tsv, compiled in, or a tuned table loaded at run time) that pick one per
-// (operator, format, phase, shape, CPU features). Attention and the element-wise operators
-// (softmax, gelu_tanh, silu_mul, rmsnorm, layernorm, rope, add) are chosen by the same rules, once
-// per process.
+// (operator, format, phase, shape, CPU features). The operators of EVK_OPS (op_list.h: attention
+// and the element-wise ones) are chosen by the same rules, once per process.
 #include <initializer_list>
 #if defined(__aarch64__)
 #include <sys/auxv.h>
@@ -23,9 +22,7 @@
 #include "ops.h"
 
 #ifndef EVK_DEFAULT_OPTABLE
-#define EVK_DEFAULT_OPTABLE \
-    "matmul * * any - ref;attention * * any - ref;softmax * * any - ref;gelu_tanh * * any - ref;silu_mul * * any - ref;" \
-    "rmsnorm * * any - ref;layernorm * * any - ref;rope * * any - ref;add * * any - ref"
+#define EVK_DEFAULT_OPTABLE ""  // no rules: the reference serves every operator
 #endif
 
 namespace evk {
@@ -41,7 +38,7 @@ void matmul_neon_q8act_dot_x8(const MatmulArgs&);
 void matmul_neon_q8act_i8mm(const MatmulArgs&);
 #endif
 #if defined(__x86_64__)
-void matmul_avx2(const MatmulArgs&);
+void matmul_avx2_f32act(const MatmulArgs&);
 void matmul_avx2_gemm(const MatmulArgs&);
 void matmul_avx2_q8act(const MatmulArgs&);
 void matmul_avx2_q8act_x8(const MatmulArgs&);
@@ -98,7 +95,7 @@ CpuFeatures probe_cpu_features() {
     // AVX512-BF16: CPUID leaf 7 sub-leaf 1, EAX bit 5 (its ZMM state is AVX-512's).
     f.avx512bf16 = f.avx512f && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
 #if defined(__x86_64__)
-    f.amx_bf16 = f.avx512bf16 && amx_bf16_usable();
+    f.amxbf16 = f.avx512bf16 && amx_bf16_usable();
 #endif
 #elif defined(__aarch64__)
     f.neon = true;  // Advanced SIMD is mandatory in armv8-a
@@ -116,38 +113,63 @@ CpuFeatures detect_cpu_features() {
     return f;
 }
 
+const std::vector<std::string>& cpu_feature_names() {
+#define EVK_NAME(name) #name,
+    static const std::vector<std::string> names = {EVK_CPU_FEATURES(EVK_NAME)};
+#undef EVK_NAME
+    return names;
+}
+
+bool known_cpu_feature(const std::string& name) {
+    for (const std::string& n : cpu_feature_names()) if (n == name) return true;
+    return false;
+}
+
+bool has_cpu_feature(const CpuFeatures& f, const std::string& name) {
+#define EVK_HAS(feature) if (name == #feature) return f.feature;
+    EVK_CPU_FEATURES(EVK_HAS)
+#undef EVK_HAS
+    return false;
+}
+
+const std::vector<std::string>& table_operators() {
+#define EVK_NAME(name, Fn) #name,
+    static const std::vector<std::string> names = {EVK_OPS(EVK_NAME)};
+#undef EVK_NAME
+    return names;
+}
+
 namespace {
 
-// add has silu_mul's signature: its kernels are registered wrapped in this, so that the type still
-// names the operator.
-struct AddKernel {
-    AddFn fn;
+// One kernel of any operator: its operator's name and its function in that operator's slot.
+// Built only by the of:: functions below, whose parameter type is the operator's Fn, so a variant
+// cannot sit in the slot of an operator of another signature.
+struct Kernel {
+    const char* op = nullptr;
+    MatmulFn matmul = nullptr;
+#define EVK_KERNEL_SLOT(name, Fn) Fn name = nullptr;
+    EVK_OPS(EVK_KERNEL_SLOT)
+#undef EVK_KERNEL_SLOT
 };
 
-// One kernel of any operator: the operator's name follows from the function's type, so a
-// variant cannot be registered under the wrong operator.
-struct Kernel {
-    const char* op;
-    MatmulFn matmul = nullptr;
-    AttentionFn attention = nullptr;
-    SoftmaxFn softmax = nullptr;
-    GeluFn gelu_tanh = nullptr;
-    SiluMulFn silu_mul = nullptr;
-    RmsNormFn rmsnorm = nullptr;
-    LayerNormFn layernorm = nullptr;
-    RopeFn rope = nullptr;
-    AddFn add = nullptr;
-    // Implicit on purpose: the registry below lists bare function names.
-    Kernel(MatmulFn f) : op("matmul"), matmul(f) {}
-    Kernel(AttentionFn f) : op("attention"), attention(f) {}
-    Kernel(SoftmaxFn f) : op("softmax"), softmax(f) {}
-    Kernel(GeluFn f) : op("gelu_tanh"), gelu_tanh(f) {}
-    Kernel(SiluMulFn f) : op("silu_mul"), silu_mul(f) {}
-    Kernel(RmsNormFn f) : op("rmsnorm"), rmsnorm(f) {}
-    Kernel(LayerNormFn f) : op("layernorm"), layernorm(f) {}
-    Kernel(RopeFn f) : op("rope"), rope(f) {}
-    Kernel(AddKernel f) : op("add"), add(f.fn) {}
-};
+// of::softmax(softmax_avx2): the kernel of that operator (one function per operator of EVK_OPS).
+namespace of {
+inline Kernel matmul(MatmulFn f) {
+    Kernel k;
+    k.op = "matmul";
+    k.matmul = f;
+    return k;
+}
+#define EVK_KERNEL_OF(name, Fn) \
+    inline Kernel name(Fn f) {  \
+        Kernel k;               \
+        k.op = #name;           \
+        k.name = f;             \
+        return k;               \
+    }
+EVK_OPS(EVK_KERNEL_OF)
+#undef EVK_KERNEL_OF
+}  // namespace of
 
 const MatmulPacking kPackX8{"x8", WLayout::kX8, x8_packed_bytes, x8_pack};
 const MatmulPacking kPackP16{"p16", WLayout::kP16, p16_packed_bytes, p16_pack};
@@ -166,72 +188,73 @@ struct Variant {
     MatmulChoice choice() const { return {fn.matmul, name, packing, also_reads, prefers, act, panel_rows}; }
 };
 
+// A registry entry's name and kernel from (operator, variant): the function is always
+// <operator>_<variant>, defined in kernels/<folder>/<folder>_<isa>*.cpp (test_kernels checks the file).
+#define EVK_V(op, variant) #variant, of::op(op##_##variant)
+
 const std::vector<Variant>& registry() {
     static const std::vector<Variant> v = {
-        {"ref", matmul_ref, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "-"},
-        {"ref", attention_ref, {}, "-"},
-        {"ref", softmax_ref, {}, "-"},
-        {"ref", gelu_tanh_ref, {}, "-"},
-        {"ref", silu_mul_ref, {}, "-"},
-        {"ref", rmsnorm_ref, {}, "-"},
-        {"ref", layernorm_ref, {}, "-"},
-        {"ref", rope_ref, {}, "-"},
-        {"ref", AddKernel{add_ref}, {}, "-"},
+        {EVK_V(matmul, ref), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "-"},
+#define EVK_REFERENCE_ENTRY(name, Fn) {EVK_V(name, ref), {}, "-"},
+        EVK_OPS(EVK_REFERENCE_ENTRY)
+#undef EVK_REFERENCE_ENTRY
 #if defined(__aarch64__)
-        {"neon", rmsnorm_neon, {}, "neon"},
-        {"neon", layernorm_neon, {}, "neon"},
-        {"neon", rope_neon, {}, "neon"},
-        {"neon", AddKernel{add_neon}, {}, "neon"},
-        {"neon_f32act", matmul_neon_f32act, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
-        {"neon_q8act_dot", matmul_neon_q8act_dot, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
-        {"neon_q8act_dot_x8", matmul_neon_q8act_dot_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
-        {"neon_q8act_i8mm", matmul_neon_q8act_i8mm, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,i8mm"},
+        {EVK_V(rmsnorm, neon), {}, "neon"},
+        {EVK_V(layernorm, neon), {}, "neon"},
+        {EVK_V(rope, neon), {}, "neon"},
+        {EVK_V(add, neon), {}, "neon"},
+        {EVK_V(matmul, neon_f32act), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
+        {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
+        {EVK_V(matmul, neon_q8act_dot_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
+        {EVK_V(matmul, neon_q8act_i8mm), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,i8mm"},
 #endif
 #if defined(__x86_64__)
-        {"avx2_f32act", matmul_avx2, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {"avx2_gemm", matmul_avx2_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c",
+        {EVK_V(matmul, avx2_f32act), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
+        {EVK_V(matmul, avx2_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c",
          nullptr, WLayout::kX8},
-        {"avx512_gemm", matmul_avx512_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx512f,avx512bw,avx512vl,fma,f16c",
+        {EVK_V(matmul, avx512_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx512f,avx512bw,avx512vl,fma,f16c",
          nullptr, WLayout::kX8, &kPackP16},
-        {"amx_gemm", matmul_amx_gemm, {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0},
+        {EVK_V(matmul, amx_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0},
          "amxbf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c", nullptr, WLayout::kX8, &kPackP16, &kActBf16x2, 32},
-        {"avx2_q8act", matmul_avx2_q8act, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {"avx2_q8act_x8", matmul_avx2_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
-        {"avxvnni_q8act_x8", matmul_avxvnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
-        {"avx512vnni_q8act_x8", matmul_avx512vnni_q8act_x8, {DType::Q4_0, DType::Q4_1, DType::Q8_0},
+        {EVK_V(matmul, avx2_q8act), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
+        {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
+        {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
+        {EVK_V(matmul, avx512vnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0},
          "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackX8},
-        {"avx2", attention_avx2, {}, "avx2,fma,f16c"},
-        {"avx2", softmax_avx2, {}, "avx2,fma,f16c"},
-        {"avx2", gelu_tanh_avx2, {}, "avx2,fma,f16c"},
-        {"avx2", silu_mul_avx2, {}, "avx2,fma,f16c"},
-        {"avx2", rmsnorm_avx2, {}, "avx2,fma,f16c"},
-        {"avx2", layernorm_avx2, {}, "avx2,fma,f16c"},
-        {"avx2", rope_avx2, {}, "avx2,fma,f16c"},
-        {"avx2", AddKernel{add_avx2}, {}, "avx2,fma,f16c"},
+        {EVK_V(attention, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(softmax, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(gelu_tanh, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(silu_mul, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(rmsnorm, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(layernorm, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(rope, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(add, avx2), {}, "avx2,fma,f16c"},
 #endif
     };
     return v;
 }
+#undef EVK_V
 
-bool known_op(const std::string& op) {
-    for (const Variant& v : registry())
-        if (op == v.op()) return true;
+bool is_table_op(const std::string& op) {
+    for (const std::string& n : table_operators()) if (n == op) return true;
     return false;
 }
 
-bool has_features(const CpuFeatures& f, const std::string& list) {
-    if (list == "-" || list.empty()) return true;
+bool known_op(const std::string& op) { return op == "matmul" || is_table_op(op); }
+
+// The names of a comma-separated features column ("-": none).
+std::vector<std::string> feature_list(const std::string& list) {
+    std::vector<std::string> out;
+    if (list == "-" || list.empty()) return out;
     std::stringstream ss(list);
     std::string item;
-    while (std::getline(ss, item, ',')) {
-        const bool ok = item == "avx2" ? f.avx2 : item == "fma" ? f.fma : item == "f16c" ? f.f16c
-                      : item == "avx512f" ? f.avx512f : item == "avx512bw" ? f.avx512bw
-                      : item == "avx512vl" ? f.avx512vl : item == "avxvnni" ? f.avxvnni
-                      : item == "avx512vnni" ? f.avx512vnni : item == "avx512bf16" ? f.avx512bf16
-                      : item == "amxbf16" ? f.amx_bf16 : item == "neon" ? f.neon : item == "dotprod" ? f.dotprod
-                      : item == "i8mm" ? f.i8mm : false;
-        if (!ok) return false;
-    }
+    while (std::getline(ss, item, ',')) out.push_back(item);
+    return out;
+}
+
+bool has_features(const CpuFeatures& f, const std::string& list) {
+    for (const std::string& item : feature_list(list))
+        if (!has_cpu_feature(f, item)) return false;
     return true;
 }
 
@@ -283,6 +306,9 @@ std::vector<Rule> parse(const std::string& text) {
             throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown phase '" + r.phase + "'");
         if (!valid_shape(r.shape))
             throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": bad shape class '" + r.shape + "'");
+        for (const std::string& feature : feature_list(r.features))
+            if (!known_cpu_feature(feature))
+                throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown CPU feature '" + feature + "'");
         rules.push_back(r);
     }
     return rules;
@@ -332,22 +358,11 @@ bool supports(const Variant& v, DType t) {
 // The table with the reference variant in every slot.
 OpTable make_reference() {
     OpTable t{};
-    t.attention = attention_ref;
-    t.attention_variant = "ref";
-    t.softmax = softmax_ref;
-    t.softmax_variant = "ref";
-    t.gelu_tanh = gelu_tanh_ref;
-    t.gelu_tanh_variant = "ref";
-    t.silu_mul = silu_mul_ref;
-    t.silu_mul_variant = "ref";
-    t.rmsnorm = rmsnorm_ref;
-    t.rmsnorm_variant = "ref";
-    t.layernorm = layernorm_ref;
-    t.layernorm_variant = "ref";
-    t.rope = rope_ref;
-    t.rope_variant = "ref";
-    t.add = add_ref;
-    t.add_variant = "ref";
+#define EVK_REFERENCE_SLOT(name, Fn) \
+    t.name = name##_ref;             \
+    t.name##_variant = "ref";
+    EVK_OPS(EVK_REFERENCE_SLOT)
+#undef EVK_REFERENCE_SLOT
     return t;
 }
 
@@ -369,13 +384,8 @@ MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k) {
     return {matmul_ref, "ref"};
 }
 
-AttentionChoice choose_attention() {
-    const Variant& v = choose_variant("attention");
-    return {v.fn.attention, v.name};
-}
-
 std::string choose(const std::string& op) {
-    if (op == "matmul" || !known_op(op)) throw std::invalid_argument("choose: '" + op + "' is not an operator without formats");
+    if (!is_table_op(op)) throw std::invalid_argument("choose: '" + op + "' is not an operator without formats");
     return choose_variant(op).name;
 }
 
@@ -420,14 +430,10 @@ MatmulChoice matmul_choice(const std::string& name) {
     return v ? v->choice() : MatmulChoice{nullptr, "", nullptr};
 }
 
-AttentionFn attention_variant(const std::string& name) { return variant_fn("attention", name, &Kernel::attention); }
-SoftmaxFn softmax_variant(const std::string& name) { return variant_fn("softmax", name, &Kernel::softmax); }
-GeluFn gelu_tanh_variant(const std::string& name) { return variant_fn("gelu_tanh", name, &Kernel::gelu_tanh); }
-SiluMulFn silu_mul_variant(const std::string& name) { return variant_fn("silu_mul", name, &Kernel::silu_mul); }
-RmsNormFn rmsnorm_variant(const std::string& name) { return variant_fn("rmsnorm", name, &Kernel::rmsnorm); }
-LayerNormFn layernorm_variant(const std::string& name) { return variant_fn("layernorm", name, &Kernel::layernorm); }
-RopeFn rope_variant(const std::string& name) { return variant_fn("rope", name, &Kernel::rope); }
-AddFn add_variant(const std::string& name) { return variant_fn("add", name, &Kernel::add); }
+#define EVK_VARIANT_LOOKUP(name, Fn) \
+    Fn name##_variant(const std::string& variant) { return variant_fn(#name, variant, &Kernel::name); }
+EVK_OPS(EVK_VARIANT_LOOKUP)
+#undef EVK_VARIANT_LOOKUP
 
 const OpTable& reference_ops() {
     static const OpTable t = make_reference();
@@ -443,14 +449,9 @@ const OpTable& best_ops() {
             fn = v.fn.*slot;
             name = v.name;
         };
-        pick("attention", &Kernel::attention, b.attention, b.attention_variant);
-        pick("softmax", &Kernel::softmax, b.softmax, b.softmax_variant);
-        pick("gelu_tanh", &Kernel::gelu_tanh, b.gelu_tanh, b.gelu_tanh_variant);
-        pick("silu_mul", &Kernel::silu_mul, b.silu_mul, b.silu_mul_variant);
-        pick("rmsnorm", &Kernel::rmsnorm, b.rmsnorm, b.rmsnorm_variant);
-        pick("layernorm", &Kernel::layernorm, b.layernorm, b.layernorm_variant);
-        pick("rope", &Kernel::rope, b.rope, b.rope_variant);
-        pick("add", &Kernel::add, b.add, b.add_variant);
+#define EVK_PICK(name, Fn) pick(#name, &Kernel::name, b.name, b.name##_variant);
+        EVK_OPS(EVK_PICK)
+#undef EVK_PICK
         return b;
     }();
     return t;

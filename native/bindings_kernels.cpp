@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 
 #ifndef EVK_DEFAULT_OPTABLE
 #define EVK_DEFAULT_OPTABLE ""
@@ -22,11 +23,50 @@ using namespace evn;
 namespace {
 
 evk::DType dtype_named(const std::string& name) {
+    evk::DType t;
+    if (!evk::type_named(name.c_str(), &t)) throw py::value_error("unknown weight format '" + name + "'");
+    return t;
+}
+
+// The formats with kernels, in ggml type id order.
+std::vector<evk::DType> computable_types() {
+    std::vector<evk::DType> out;
     for (uint32_t id = 0; id < 64; ++id) {
         const evk::TypeTraits* t = evk::type_traits(id);
-        if (t && name == t->name) return static_cast<evk::DType>(id);
+        if (t && t->computable) out.push_back(static_cast<evk::DType>(id));
     }
-    throw py::value_error("unknown weight format '" + name + "'");
+    return out;
+}
+
+template <class... F>
+struct Overloaded : F... {
+    using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+// Runs `run` on the function of the named variant of op ('ref', 'best' = what the operator table
+// picked at start, or a variant name). One branch per operator of EVK_OPS (op_list.h) whose Fn
+// `run` takes, so a runner written for a signature serves every operator of that signature; any
+// other op is "unknown <kind>", listing the ones it serves.
+template <class Run>
+void run_variant(const char* kind, const std::string& op, const std::string& variant, const Run& run) {
+    const evk::OpTable& table = variant == "best" ? evk::best_ops() : evk::reference_ops();
+    const bool named = variant != "best" && variant != "ref";
+    std::string served;
+#define EVK_RUN(name, Fn)                                                                         \
+    if constexpr (std::is_invocable_v<const Run&, evk::Fn>) {                                     \
+        if (op == #name) {                                                                        \
+            const evk::Fn fn = named ? evk::name##_variant(variant) : table.name;                 \
+            if (!fn) throw py::value_error(op + " variant '" + variant + "' does not run here");  \
+            run(fn);                                                                              \
+            return;                                                                               \
+        }                                                                                         \
+        served += (served.empty() ? "" : ", ") + std::string(#name);                              \
+    }
+    EVK_OPS(EVK_RUN)
+#undef EVK_RUN
+    throw py::value_error("unknown " + std::string(kind) + " '" + op + "' (" + served + ")");
 }
 
 }  // namespace
@@ -34,13 +74,23 @@ evk::DType dtype_named(const std::string& name) {
 void register_kernel_bindings(py::module_& m) {
     m.def("cpu_features", [] {
         const evk::CpuFeatures f = evk::detect_cpu_features();
-        py::dict d;
-        d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx512f"] = f.avx512f;
-        d["avx512bw"] = f.avx512bw; d["avx512vl"] = f.avx512vl; d["avxvnni"] = f.avxvnni; d["avx512vnni"] = f.avx512vnni;
-        d["avx512bf16"] = f.avx512bf16; d["amxbf16"] = f.amx_bf16;  // as the operator table names them
-        d["neon"] = f.neon; d["dotprod"] = f.dotprod; d["i8mm"] = f.i8mm;
+        py::dict d;  // as the operator table names them (EVK_CPU_FEATURES, op_list.h), in its order
+        for (const std::string& name : evk::cpu_feature_names()) d[py::str(name)] = evk::has_cpu_feature(f, name);
         return d;
     });
+    m.def("weight_formats", [] {
+        std::vector<std::string> names;
+        for (evk::DType t : computable_types()) names.push_back(evk::type_traits(t)->name);
+        return names;
+    }, "The weight formats with kernels (kernels/formats/ traits), in ggml type id order.");
+    m.def("row_bytes", [](const std::string& wtype, int64_t n) {
+        const size_t rb = evk::row_bytes(dtype_named(wtype), n);
+        if (rb == 0) throw py::value_error("n must be a positive multiple of the block size of " + wtype);
+        return rb;
+    }, py::arg("wtype"), py::arg("n"), "Bytes of one row of n elements of a weight format (its blocks' sizeof).");
+    m.def("operators", [] { return evk::table_operators(); },
+          "The operators chosen once per process by the operator table (EVK_OPS, kernels/op_list.h), in its "
+          "order; matmul, chosen per weight, is not among them.");
 
 
     // Kernel-level entry points for tests and `edgevlm tune`: one matmul by a named variant
@@ -168,10 +218,7 @@ void register_kernel_bindings(py::module_& m) {
         py::array_t<float> out(d);
         std::vector<float> scores(static_cast<size_t>(n));
         evk::AttentionArgs a{q.data(), k.data(), v.data(), d, d, n, d, scale, out.mutable_data(), scores.data()};
-        const evk::AttentionFn fn = table == "ref" ? evk::reference_ops().attention
-                                  : table == "best" ? evk::best_ops().attention : evk::attention_variant(table);
-        if (!fn) throw py::value_error("attention variant '" + table + "' does not run here");
-        fn(a);
+        run_variant("attention operator", "attention", table, [&](evk::AttentionFn fn) { fn(a); });
         return out;
     });
 
@@ -182,38 +229,30 @@ void register_kernel_bindings(py::module_& m) {
     m.def("kernel_elementwise", [](const std::string& op, const std::string& variant,
                                    py::array_t<float, py::array::c_style | py::array::forcecast> x, py::object b, float scale) {
         if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
-        const evk::OpTable& table = variant == "best" ? evk::best_ops() : evk::reference_ops();
-        const bool named = variant != "best" && variant != "ref";
         py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
         float* y = out.mutable_data();
         std::memcpy(y, x.data(), static_cast<size_t>(x.size()) * sizeof(float));
         const int64_t n = x.size();
-        if (op == "softmax") {
-            const evk::SoftmaxFn fn = named ? evk::softmax_variant(variant) : table.softmax;
-            if (!fn) throw py::value_error("softmax variant '" + variant + "' does not run here");
-            if (!b.is_none()) throw py::value_error("softmax takes no b");
-            const int64_t cols = x.shape(x.ndim() - 1), rows = n / cols;
-            py::gil_scoped_release nogil;
-            for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, cols, scale);
-        } else if (op == "gelu_tanh") {
-            const evk::GeluFn fn = named ? evk::gelu_tanh_variant(variant) : table.gelu_tanh;
-            if (!fn) throw py::value_error("gelu_tanh variant '" + variant + "' does not run here");
-            if (!b.is_none()) throw py::value_error("gelu_tanh takes no b");
-            py::gil_scoped_release nogil;
-            fn(y, n);
-        } else if (op == "silu_mul" || op == "add") {  // the same signature: a = f(a, b) over n
-            const evk::SiluMulFn fn = op == "add" ? (named ? evk::add_variant(variant) : table.add)
-                                                  : (named ? evk::silu_mul_variant(variant) : table.silu_mul);
-            if (!fn) throw py::value_error(op + " variant '" + variant + "' does not run here");
-            if (b.is_none()) throw py::value_error(op + " needs b");
-            const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
-            if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");
-            const float* bp = bb.data();
-            py::gil_scoped_release nogil;
-            fn(y, bp, n);
-        } else {
-            throw py::value_error("unknown element-wise operator '" + op + "' (softmax, gelu_tanh, silu_mul, add)");
-        }
+        run_variant("element-wise operator", op, variant, Overloaded{
+            [&](evk::SoftmaxFn fn) {
+                if (!b.is_none()) throw py::value_error(op + " takes no b");
+                const int64_t cols = x.shape(x.ndim() - 1), rows = n / cols;
+                py::gil_scoped_release nogil;
+                for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, cols, scale);
+            },
+            [&](evk::GeluFn fn) {
+                if (!b.is_none()) throw py::value_error(op + " takes no b");
+                py::gil_scoped_release nogil;
+                fn(y, n);
+            },
+            [&](evk::SiluMulFn fn) {  // silu_mul and add: a = f(a, b) over n
+                if (b.is_none()) throw py::value_error(op + " needs b");
+                const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+                if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");
+                const float* bp = bb.data();
+                py::gil_scoped_release nogil;
+                fn(y, bp, n);
+            }});
         return out;
     }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("b") = py::none(), py::arg("scale") = 1.f);
 
@@ -225,33 +264,27 @@ void register_kernel_bindings(py::module_& m) {
         if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
         const int64_t cols = x.shape(x.ndim() - 1), rows = x.size() / cols;
         if (w.ndim() != 1 || w.shape(0) != cols) throw py::value_error("w must be 1-D, as long as a row of x");
-        const evk::OpTable& table = variant == "best" ? evk::best_ops() : evk::reference_ops();
-        const bool named = variant != "best" && variant != "ref";
         py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
         float* y = out.mutable_data();
         const float* xp = x.data();
         const float* wp = w.data();
-        if (op == "rmsnorm") {
-            const evk::RmsNormFn fn = named ? evk::rmsnorm_variant(variant) : table.rmsnorm;
-            if (!fn) throw py::value_error("rmsnorm variant '" + variant + "' does not run here");
-            if (!b.is_none()) throw py::value_error("rmsnorm takes no b");
-            py::gil_scoped_release nogil;
-            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, y + r * cols, cols, eps);
-        } else if (op == "layernorm") {
-            const evk::LayerNormFn fn = named ? evk::layernorm_variant(variant) : table.layernorm;
-            if (!fn) throw py::value_error("layernorm variant '" + variant + "' does not run here");
-            py::array_t<float, py::array::c_style | py::array::forcecast> bb;
-            const float* bp = nullptr;
-            if (!b.is_none()) {
-                bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
-                if (!bb || bb.ndim() != 1 || bb.shape(0) != cols) throw py::value_error("b must be 1-D, as long as a row of x");
-                bp = bb.data();
-            }
-            py::gil_scoped_release nogil;
-            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, bp, y + r * cols, cols, eps);
-        } else {
-            throw py::value_error("unknown norm '" + op + "' (rmsnorm, layernorm)");
-        }
+        run_variant("norm", op, variant, Overloaded{
+            [&](evk::RmsNormFn fn) {
+                if (!b.is_none()) throw py::value_error(op + " takes no b");
+                py::gil_scoped_release nogil;
+                for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, y + r * cols, cols, eps);
+            },
+            [&](evk::LayerNormFn fn) {
+                py::array_t<float, py::array::c_style | py::array::forcecast> bb;
+                const float* bp = nullptr;
+                if (!b.is_none()) {
+                    bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
+                    if (!bb || bb.ndim() != 1 || bb.shape(0) != cols) throw py::value_error("b must be 1-D, as long as a row of x");
+                    bp = bb.data();
+                }
+                py::gil_scoped_release nogil;
+                for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, bp, y + r * cols, cols, eps);
+            }});
         return out;
     }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("w"), py::arg("b") = py::none(), py::arg("eps") = 1e-5f);
 
@@ -265,15 +298,14 @@ void register_kernel_bindings(py::module_& m) {
         if (n_heads < 1 || head_dim < 1 || rope_dims < 0 || rope_dims > head_dim || n_heads * head_dim > cols)
             throw py::value_error("need n_heads, head_dim >= 1, rope_dims in [0, head_dim], n_heads * head_dim <= row length");
         if (cs.size() < rope_dims / 2 * 2) throw py::value_error("cs must hold rope_dims / 2 (cos, sin) pairs");
-        const evk::RopeFn fn = variant == "best" ? evk::best_ops().rope : variant == "ref" ? evk::reference_ops().rope
-                                                                                           : evk::rope_variant(variant);
-        if (!fn) throw py::value_error("rope variant '" + variant + "' does not run here");
         py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
         float* y = out.mutable_data();
         std::memcpy(y, x.data(), static_cast<size_t>(x.size()) * sizeof(float));
         const float* c = cs.data();
-        py::gil_scoped_release nogil;
-        for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, n_heads, head_dim, rope_dims, c, neox);
+        run_variant("rope operator", "rope", variant, [&](evk::RopeFn fn) {
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(y + r * cols, n_heads, head_dim, rope_dims, c, neox);
+        });
         return out;
     }, py::arg("variant"), py::arg("x"), py::arg("n_heads"), py::arg("head_dim"), py::arg("rope_dims"), py::arg("cs"),
        py::arg("neox") = false);
@@ -291,27 +323,17 @@ void register_kernel_bindings(py::module_& m) {
         } catch (const std::invalid_argument& e) {
             throw py::value_error(e.what());
         }
-    }, "The variant the active operator table picks for attention or an element-wise operator (softmax, gelu_tanh, "
-       "silu_mul, rmsnorm, layernorm, rope, add).");
+    }, "The variant the active operator table picks for an operator of operators() (attention, the element-wise ones).");
 
     m.def("quantize", [](const std::string& wtype, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
         const evk::DType t = dtype_named(wtype);
         const int64_t n = x.size();
         const size_t rb = evk::row_bytes(t, n);
         if (rb == 0) throw py::value_error("size must be a multiple of the block size");
+        const evk::FromFloatFn from_float = evk::type_traits(t)->from_float;
+        if (!from_float) throw py::value_error("no reference quantizer for " + wtype);
         py::array_t<uint8_t> out(static_cast<py::ssize_t>(rb));
-        switch (t) {
-        case evk::DType::Q8_0: evk::quantize_row_q8_0(x.data(), out.mutable_data(), n); break;
-        case evk::DType::Q4_0: evk::quantize_row_q4_0(x.data(), out.mutable_data(), n); break;
-        case evk::DType::Q4_1: evk::quantize_row_q4_1(x.data(), out.mutable_data(), n); break;
-        case evk::DType::F16: {
-            uint16_t* o = reinterpret_cast<uint16_t*>(out.mutable_data());
-            for (int64_t i = 0; i < n; ++i) o[i] = evk::fp32_to_fp16(x.data()[i]);
-            break;
-        }
-        case evk::DType::F32: std::memcpy(out.mutable_data(), x.data(), rb); break;
-        default: throw py::value_error("no reference quantizer for " + wtype);
-        }
+        from_float(x.data(), out.mutable_data(), n);
         return out;
     }, "Reference quantization of a float32 array (a whole number of blocks) to raw GGUF bytes.");
 
@@ -327,20 +349,15 @@ void register_kernel_bindings(py::module_& m) {
 
     m.def("kernel_variants", [] {
         py::dict d;
-        for (const char* name : {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}) {
-            const evk::DType t = dtype_named(name);
+        for (evk::DType t : computable_types()) {
+            const std::string name = evk::type_traits(t)->name;
             d[py::str(std::string("matmul/") + name + "/decode")] = evk::choose_matmul(t, evk::kDecode, 1024, 1024).name;
             d[py::str(std::string("matmul/") + name + "/prefill")] = evk::choose_matmul(t, evk::kPrefill, 1024, 1024).name;
         }
         const evk::OpTable& b = evk::best_ops();
-        d["attention"] = b.attention_variant;
-        d["softmax"] = b.softmax_variant;
-        d["gelu_tanh"] = b.gelu_tanh_variant;
-        d["silu_mul"] = b.silu_mul_variant;
-        d["rmsnorm"] = b.rmsnorm_variant;
-        d["layernorm"] = b.layernorm_variant;
-        d["rope"] = b.rope_variant;
-        d["add"] = b.add_variant;
+#define EVK_CHOSEN(name, Fn) d[#name] = b.name##_variant;
+        EVK_OPS(EVK_CHOSEN)
+#undef EVK_CHOSEN
         return d;
     });
 }

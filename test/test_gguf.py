@@ -428,6 +428,18 @@ def test_quantize_bytes_equal_gguf_py(wtype: str) -> None:
         assert np.array_equal(ours, theirs), f"{wtype} input #{i}: {(ours != theirs).sum()} bytes differ"
 
 
+def test_bf16_quantize_bytes_equal_gguf_py() -> None:
+    """BF16's reference from_float (kernels/formats/) rounds to nearest even and keeps a NaN a quiet
+    NaN, as ggml's and gguf-py's do."""
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, 3.4e38,
+                        1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-9], np.float32)
+    for i, x in enumerate([*quantizer_inputs(), special]):
+        ours = _engine.quantize("BF16", x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            theirs = gguf.quants.quantize(x.reshape(1, -1), QT.BF16).view(np.uint8).reshape(-1)
+        assert np.array_equal(ours, theirs), f"input #{i}: {(ours != theirs).sum()} bytes differ"
+
+
 @pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_1", "F16", "F32"])
 def test_dequantize_same_bytes_identical(wtype: str) -> None:
     """Whatever produced the bytes, both sides dequantize them to the same float32 bits."""

@@ -32,9 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _engine
 from ..engine.argtypes import command_main, positive_int
 
-FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+# The weight formats with kernels and the operators chosen once per process, as the extension
+# lists them (kernels/formats/, kernels/op_list.h): not repeated here.
+FORMATS = tuple(_engine.weight_formats())
 PREFILL_M = 64
 ATTN_KV, ATTN_DIM = 1024, 64
 
@@ -113,9 +116,7 @@ def random_weight(fmt: str, rows: int, k: int, rng: np.random.Generator) -> np.n
 
 
 def _row_bytes(fmt: str, k: int) -> int:
-    per_block = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34)}
-    n, b = per_block[fmt]
-    return k // n * b
+    return int(_engine.row_bytes(fmt, k))
 
 
 # -- timing -------------------------------------------------------------------------------------
@@ -148,7 +149,7 @@ def matmul_candidates(fmt: str) -> list[str]:
             if v["op"] == "matmul" and v["available"] and fmt in v["formats"]]
 
 
-ELEMENTWISE_OPS = ("softmax", "gelu_tanh", "silu_mul", "rmsnorm", "layernorm", "rope", "add")
+ELEMENTWISE_OPS = tuple(op for op in _engine.operators() if op != "attention")
 ELEMENTWISE_SHAPE = (64, 1024)
 ROPE_HEAD_DIM = 64  # rope: each row of ELEMENTWISE_SHAPE as heads of this size, all dims rotated
 

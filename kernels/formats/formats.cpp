@@ -8,23 +8,6 @@ namespace evk {
 
 namespace {
 
-struct Entry { uint32_t id; TypeTraits t; };
-
-// Sizes from ggml's block structs; only the types with kernels are computable.
-constexpr Entry kTypes[] = {
-    {0, {"F32", 1, 4, true}},        {1, {"F16", 1, 2, true}},
-    {2, {"Q4_0", 32, 18, true}},     {3, {"Q4_1", 32, 20, true}},
-    {6, {"Q5_0", 32, 22, false}},    {7, {"Q5_1", 32, 24, false}},
-    {8, {"Q8_0", 32, 34, true}},     {9, {"Q8_1", 32, 36, false}},
-    {10, {"Q2_K", 256, 84, false}},  {11, {"Q3_K", 256, 110, false}},
-    {12, {"Q4_K", 256, 144, false}}, {13, {"Q5_K", 256, 176, false}},
-    {14, {"Q6_K", 256, 210, false}}, {15, {"Q8_K", 256, 292, false}},
-    {20, {"IQ4_NL", 32, 18, false}}, {24, {"I8", 1, 1, false}},
-    {25, {"I16", 1, 2, false}},      {26, {"I32", 1, 4, false}},
-    {27, {"I64", 1, 8, false}},      {28, {"F64", 1, 8, false}},
-    {30, {"BF16", 1, 2, true}},
-};
-
 float half_bits_to_float(uint16_t h) {
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
@@ -58,11 +41,6 @@ const HalfTable& half_table() { static const HalfTable t; return t; }
 
 }  // namespace
 
-const TypeTraits* type_traits(uint32_t ggml_type) {
-    for (const Entry& e : kTypes) if (e.id == ggml_type) return &e.t;
-    return nullptr;
-}
-
 float fp16_to_fp32(uint16_t h) { return half_table().v[h]; }
 
 uint16_t fp32_to_fp16(float f) {
@@ -93,63 +71,6 @@ size_t row_bytes(DType t, int64_t n) {
     const TypeTraits* tt = type_traits(t);
     if (!tt || n < 0 || n % tt->block_size != 0) return 0;
     return static_cast<size_t>(n / tt->block_size) * static_cast<size_t>(tt->block_bytes);
-}
-
-void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
-    const float* h2f = half_table().v;
-    switch (t) {
-    case DType::F32:
-        std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-        return;
-    case DType::F16: {
-        const uint8_t* s = static_cast<const uint8_t*>(src);
-        for (int64_t i = 0; i < n; ++i) dst[i] = h2f[load_u16(s + 2 * i)];
-        return;
-    }
-    case DType::BF16: {
-        const uint8_t* s = static_cast<const uint8_t*>(src);
-        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(s + 2 * i));
-        return;
-    }
-    case DType::Q4_0: {
-        const uint8_t* blk = static_cast<const uint8_t*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ4_0)) {
-            const float d = h2f[load_u16(blk + offsetof(BlockQ4_0, d))];
-            const uint8_t* qs = blk + offsetof(BlockQ4_0, qs);
-            for (int j = 0; j < kQK / 2; ++j) {
-                dst[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
-                dst[j + kQK / 2] = d * static_cast<float>((qs[j] >> 4) - 8);
-            }
-        }
-        return;
-    }
-    case DType::Q4_1: {
-        const uint8_t* blk = static_cast<const uint8_t*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ4_1)) {
-            const float d = h2f[load_u16(blk + offsetof(BlockQ4_1, d))];
-            const float m = h2f[load_u16(blk + offsetof(BlockQ4_1, m))];
-            const uint8_t* qs = blk + offsetof(BlockQ4_1, qs);
-            for (int j = 0; j < kQK / 2; ++j) {
-                dst[j] = d * static_cast<float>(qs[j] & 0x0f) + m;
-                dst[j + kQK / 2] = d * static_cast<float>(qs[j] >> 4) + m;
-            }
-        }
-        return;
-    }
-    case DType::Q8_0: {
-        const uint8_t* blk = static_cast<const uint8_t*>(src);
-        for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ8_0)) {
-            const float d = h2f[load_u16(blk + offsetof(BlockQ8_0, d))];
-            const int8_t* qs = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ8_0, qs));
-            for (int j = 0; j < kQK; ++j) dst[j] = d * static_cast<float>(qs[j]);
-        }
-        return;
-    }
-    default:
-        // Callers check TypeTraits::computable first; a zero row is a loud, testable failure.
-        std::memset(dst, 0, static_cast<size_t>(n) * 4);
-        return;
-    }
 }
 
 void quantize_row_q8_0(const float* x, void* dst, int64_t n) {
@@ -197,6 +118,153 @@ void quantize_row_q4_1(const float* x, void* dst, int64_t n) {
             b[ib].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
         }
     }
+}
+
+namespace {
+
+// Reference conversions of a row to float, one per computable format (its to_float).
+void f32_to_float(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, static_cast<size_t>(n) * 4); }
+
+void f16_to_float(const void* src, float* dst, int64_t n) {
+    const float* h2f = half_table().v;
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = h2f[load_u16(s + 2 * i)];
+}
+
+void bf16_to_float(const void* src, float* dst, int64_t n) {
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(s + 2 * i));
+}
+
+void q4_0_to_float(const void* src, float* dst, int64_t n) {
+    const float* h2f = half_table().v;
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ4_0)) {
+        const float d = h2f[load_u16(blk + offsetof(BlockQ4_0, d))];
+        const uint8_t* qs = blk + offsetof(BlockQ4_0, qs);
+        for (int j = 0; j < kQK / 2; ++j) {
+            dst[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
+            dst[j + kQK / 2] = d * static_cast<float>((qs[j] >> 4) - 8);
+        }
+    }
+}
+
+void q4_1_to_float(const void* src, float* dst, int64_t n) {
+    const float* h2f = half_table().v;
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ4_1)) {
+        const float d = h2f[load_u16(blk + offsetof(BlockQ4_1, d))];
+        const float m = h2f[load_u16(blk + offsetof(BlockQ4_1, m))];
+        const uint8_t* qs = blk + offsetof(BlockQ4_1, qs);
+        for (int j = 0; j < kQK / 2; ++j) {
+            dst[j] = d * static_cast<float>(qs[j] & 0x0f) + m;
+            dst[j + kQK / 2] = d * static_cast<float>(qs[j] >> 4) + m;
+        }
+    }
+}
+
+void q8_0_to_float(const void* src, float* dst, int64_t n) {
+    const float* h2f = half_table().v;
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ8_0)) {
+        const float d = h2f[load_u16(blk + offsetof(BlockQ8_0, d))];
+        const int8_t* qs = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ8_0, qs));
+        for (int j = 0; j < kQK; ++j) dst[j] = d * static_cast<float>(qs[j]);
+    }
+}
+
+// From float (their from_float): F32 as is, F16 rounded to nearest even (fp32_to_fp16), BF16
+// likewise (the top 16 bits plus the rounding carry; a NaN stays a NaN, made quiet).
+void f32_from_float(const float* x, void* dst, int64_t n) { std::memcpy(dst, x, static_cast<size_t>(n) * 4); }
+
+void f16_from_float(const float* x, void* dst, int64_t n) {
+    uint8_t* o = static_cast<uint8_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = fp32_to_fp16(x[i]);
+        std::memcpy(o + 2 * i, &h, 2);
+    }
+}
+
+void bf16_from_float(const float* x, void* dst, int64_t n) {
+    uint8_t* o = static_cast<uint8_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, &x[i], 4);
+        const uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
+                                                            : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        std::memcpy(o + 2 * i, &h, 2);
+    }
+}
+
+struct Entry {
+    uint32_t id;
+    TypeTraits t;
+};
+
+// A format of blocks of `per_block` elements laid out as Block; computable when it has a to_float.
+template <class Block>
+constexpr Entry format(DType id, const char* name, int64_t per_block, ToFloatFn to = nullptr, FromFloatFn from = nullptr) {
+    return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), to != nullptr, to, from}};
+}
+
+// The traits table: every ggml type this build knows, its sizes from its block struct (a scalar
+// type is a block of one), and its reference conversions where the engine has kernels.
+constexpr Entry kTypes[] = {
+    format<float>(DType::F32, "F32", 1, f32_to_float, f32_from_float),
+    format<uint16_t>(DType::F16, "F16", 1, f16_to_float, f16_from_float),
+    format<BlockQ4_0>(DType::Q4_0, "Q4_0", kQK, q4_0_to_float, quantize_row_q4_0),
+    format<BlockQ4_1>(DType::Q4_1, "Q4_1", kQK, q4_1_to_float, quantize_row_q4_1),
+    format<BlockQ5_0>(DType::Q5_0, "Q5_0", kQK),
+    format<BlockQ5_1>(DType::Q5_1, "Q5_1", kQK),
+    format<BlockQ8_0>(DType::Q8_0, "Q8_0", kQK, q8_0_to_float, quantize_row_q8_0),
+    format<BlockQ8_1>(DType::Q8_1, "Q8_1", kQK),
+    format<BlockQ2_K>(DType::Q2_K, "Q2_K", kQK_K),
+    format<BlockQ3_K>(DType::Q3_K, "Q3_K", kQK_K),
+    format<BlockQ4_K>(DType::Q4_K, "Q4_K", kQK_K),
+    format<BlockQ5_K>(DType::Q5_K, "Q5_K", kQK_K),
+    format<BlockQ6_K>(DType::Q6_K, "Q6_K", kQK_K),
+    format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K),
+    format<BlockIQ4_NL>(DType::IQ4_NL, "IQ4_NL", kQK),
+    format<int8_t>(DType::I8, "I8", 1),
+    format<int16_t>(DType::I16, "I16", 1),
+    format<int32_t>(DType::I32, "I32", 1),
+    format<int64_t>(DType::I64, "I64", 1),
+    format<double>(DType::F64, "F64", 1),
+    format<uint16_t>(DType::BF16, "BF16", 1, bf16_to_float, bf16_from_float),
+};
+
+// ggml type id -> its entry, or nullptr: one indexed load per lookup (dequantize_row runs per row).
+constexpr uint32_t kMaxId = 31;
+struct ById {
+    const TypeTraits* t[kMaxId] = {};
+    constexpr ById() {
+        for (const Entry& e : kTypes) t[e.id] = &e.t;
+    }
+};
+constexpr ById kById{};
+static_assert(static_cast<uint32_t>(DType::BF16) < kMaxId, "kMaxId covers every type id");
+
+}  // namespace
+
+const TypeTraits* type_traits(uint32_t ggml_type) { return ggml_type < kMaxId ? kById.t[ggml_type] : nullptr; }
+
+bool type_named(const char* name, DType* t) {
+    for (const Entry& e : kTypes)
+        if (std::strcmp(e.t.name, name) == 0) {
+            *t = static_cast<DType>(e.id);
+            return true;
+        }
+    return false;
+}
+
+void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
+    const TypeTraits* tt = type_traits(t);
+    if (tt && tt->to_float) {
+        tt->to_float(src, dst, n);
+        return;
+    }
+    // Callers check TypeTraits::computable first; a zero row is a loud, testable failure.
+    std::memset(dst, 0, static_cast<size_t>(n) * 4);
 }
 
 }  // namespace evk

@@ -1,5 +1,6 @@
-// Weight formats as data: ggml's type ids, block layouts and sizes, and reference conversions.
-// Block layouts follow ggml-common.h exactly, so GGUF tensors are read in place from the mmap.
+// Weight formats as data: ggml's type ids, block layouts, and a traits table (formats.cpp) that
+// maps a type to its sizes (sizeof its block struct) and its reference conversions to and from
+// float. Block layouts follow ggml-common.h exactly, so GGUF tensors are read in place from the mmap.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,26 +15,52 @@ enum class DType : uint32_t {
     I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
 };
 
+// Reference conversion of a row of n elements (a whole number of blocks) to float, and back.
+using ToFloatFn = void (*)(const void* src, float* dst, int64_t n);
+using FromFloatFn = void (*)(const float* src, void* dst, int64_t n);
+
 struct TypeTraits {
     const char* name;
-    int64_t block_size;    // elements per block
-    int64_t block_bytes;   // bytes per block
-    bool computable;       // the engine has kernels for it (dequantize_row and matmul)
+    int64_t block_size;      // elements per block
+    int64_t block_bytes;     // bytes per block: sizeof the block struct
+    bool computable;         // the engine has kernels for it (to_float and matmul): to_float is set
+    ToFloatFn to_float;      // nullptr: not computable
+    FromFloatFn from_float;  // nullptr: no reference quantizer
 };
 
 // nullptr for an id this build does not know.
 const TypeTraits* type_traits(uint32_t ggml_type);
 inline const TypeTraits* type_traits(DType t) { return type_traits(static_cast<uint32_t>(t)); }
+// The type of a name ("Q4_0"); false for a name this build does not know.
+bool type_named(const char* name, DType* t);
 
-constexpr int kQK = 32;  // elements per block of Q4_0, Q4_1, Q8_0
+constexpr int kQK = 32;     // elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, IQ4_NL
+constexpr int kQK_K = 256;  // elements per super-block of the K-quants
 
+// Scales d, m, s, dmin are fp16 bits (uint16_t). With kernels:
 struct BlockQ4_0 { uint16_t d; uint8_t qs[kQK / 2]; };              // x = d * (q - 8)
 struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[kQK / 2]; };  // x = d * q + m
 struct BlockQ8_0 { uint16_t d; int8_t qs[kQK]; };                   // x = d * q
+// In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high one.
+// Known to the reader (sizes checked, no kernels yet):
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
+struct BlockQ5_1 { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
+struct BlockQ8_1 { uint16_t d; uint16_t s; int8_t qs[kQK]; };
+struct BlockIQ4_NL { uint16_t d; uint8_t qs[kQK / 2]; };
+struct BlockQ2_K { uint8_t scales[kQK_K / 16]; uint8_t qs[kQK_K / 4]; uint16_t d; uint16_t dmin; };
+struct BlockQ3_K { uint8_t hmask[kQK_K / 8]; uint8_t qs[kQK_K / 4]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[kQK_K / 2]; };
+struct BlockQ5_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qh[kQK_K / 8]; uint8_t qs[kQK_K / 2]; };
+struct BlockQ6_K { uint8_t ql[kQK_K / 2]; uint8_t qh[kQK_K / 4]; int8_t scales[kQK_K / 16]; uint16_t d; };
+struct BlockQ8_K { float d; int8_t qs[kQK_K]; int16_t bsums[kQK_K / 16]; };
 static_assert(sizeof(BlockQ4_0) == 18, "ggml block_q4_0 layout");
 static_assert(sizeof(BlockQ4_1) == 20, "ggml block_q4_1 layout");
 static_assert(sizeof(BlockQ8_0) == 34, "ggml block_q8_0 layout");
-// In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high one.
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_1) == 36 && sizeof(BlockIQ4_NL) == 18,
+              "ggml 32-element block layouts");
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 &&
+                  sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292,
+              "ggml K-quant block layouts");
 
 // Tensor data is read in place from the mapped file, and a valid GGUF file may align it to as little
 // as 1 byte (general.alignment = 1): every 16-bit and 32-bit field of a weight row is loaded
@@ -54,10 +81,11 @@ inline float bf16_to_fp32(uint16_t h) {
 // Bytes of one row of n elements; 0 when n is not a whole number of blocks.
 size_t row_bytes(DType t, int64_t n);
 
-// Reference conversion of n elements (a whole number of blocks) to float.
+// Reference conversion of n elements (a whole number of blocks) to float: type_traits(t)->to_float;
+// a zero row for a format that is not computable (callers check TypeTraits::computable first).
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
-// Reference quantization (tests and the converter's round trips).
+// Reference quantization (tests and the converter's round trips), the from_float of these formats.
 void quantize_row_q8_0(const float* x, void* dst, int64_t n);
 void quantize_row_q4_0(const float* x, void* dst, int64_t n);
 void quantize_row_q4_1(const float* x, void* dst, int64_t n);

@@ -35,24 +35,7 @@ std::vector<uint8_t> make_weights(DType t, int64_t rows, int64_t k, std::mt19937
     for (int64_t r = 0; r < rows; ++r) {
         for (float& v : row) v = nd(rng);
         uint8_t* dst = w.data() + static_cast<size_t>(r) * rb;
-        switch (t) {
-        case DType::F32: std::memcpy(dst, row.data(), rb); break;
-        case DType::F16:
-            for (int64_t i = 0; i < k; ++i) { const uint16_t h = fp32_to_fp16(row[i]); std::memcpy(dst + 2 * i, &h, 2); }
-            break;
-        case DType::BF16:
-            for (int64_t i = 0; i < k; ++i) {
-                uint32_t u;
-                std::memcpy(&u, &row[i], 4);
-                const uint16_t h = static_cast<uint16_t>(u >> 16);
-                std::memcpy(dst + 2 * i, &h, 2);
-            }
-            break;
-        case DType::Q4_0: quantize_row_q4_0(row.data(), dst, k); break;
-        case DType::Q4_1: quantize_row_q4_1(row.data(), dst, k); break;
-        case DType::Q8_0: quantize_row_q8_0(row.data(), dst, k); break;
-        default: break;
-        }
+        type_traits(t)->from_float(row.data(), dst, k);  // every computable format has one
     }
     return w;
 }
@@ -77,8 +60,9 @@ int main() {
     std::mt19937 rng(1234);
     std::normal_distribution<float> nd(0.f, 1.f);
     const CpuFeatures f = detect_cpu_features();
-    std::printf("cpu: avx2=%d fma=%d avx512f=%d avx512bw=%d avx512vl=%d avxvnni=%d avx512vnni=%d avx512bf16=%d amxbf16=%d neon=%d dotprod=%d i8mm=%d\n",
-                f.avx2, f.fma, f.avx512f, f.avx512bw, f.avx512vl, f.avxvnni, f.avx512vnni, f.avx512bf16, f.amx_bf16, f.neon, f.dotprod, f.i8mm);
+    std::printf("cpu:");
+    for (const std::string& name : cpu_feature_names()) std::printf(" %s=%d", name.c_str(), has_cpu_feature(f, name) ? 1 : 0);
+    std::printf("\n");
     // 113 rows split 56 / 57: a 48-row panel of avx512_gemm plus a partial one; k = 416: two
     // 192-element k blocks of avx512_gemm and a tail block.
     const int64_t rows_set[] = {1, 3, 17, 64, 113};
@@ -95,8 +79,7 @@ int main() {
         const bool int8 = v.name.find("q8act") != std::string::npos;
         for (const std::string& fmt : v.formats) {
             DType t = DType::F32;
-            for (DType d : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0})
-                if (fmt == type_traits(d)->name) t = d;
+            type_named(fmt.c_str(), &t);
             int n_cases = 0, n_bad = 0;
             for (int64_t rows : rows_set)
                 for (int64_t k : k_set)

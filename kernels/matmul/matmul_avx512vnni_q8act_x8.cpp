@@ -1,6 +1,6 @@
 // Packed decode kernel for Q4_0, Q4_1 and Q8_0 with AVX-512 VNNI: `avx512vnni_q8act_x8`. The same
 // x8 weight layout (packed_x8.h) and int8 activation blocks (q8act_avx2.h) as the AVX2 / AVX-VNNI
-// x8 kernels (matmul_x8_avx2.cpp), and the same sums: one 64-byte vector holds two 32-byte vectors
+// x8 kernels (matmul_avx2_q8act_x8.cpp, matmul_avxvnni_q8act_x8.cpp), and the same sums: one 64-byte vector holds two 32-byte vectors
 // of a block, so one zmm vpdpbusd does the work of two ymm ones.
 //
 // Why: from memory the ymm kernels stream ~20 GB/s on two threads where a plain load loop reads

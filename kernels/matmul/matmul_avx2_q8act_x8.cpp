@@ -11,7 +11,8 @@
 //                     unsigned by w ^ 0x80 = w + 128 and 128 * sum(q) is subtracted per block.
 // Bytes and flops per decoded token are those of avx2_q8act (docs/kernels/decode-int8.md); the
 // point is fewer instructions per weight: ~47 (AVX2) / ~31 (VNNI) uops per 256 Q4 weights against
-// ~136 for avx2_q8act (docs/kernels/decode-x8.md).
+// ~136 for avx2_q8act (docs/kernels/decode-x8.md). This file holds avx2_q8act_x8; the same body
+// (x8_body.inc) with kVnni = true is avxvnni_q8act_x8 in matmul_avxvnni_q8act_x8.cpp.
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -43,27 +44,8 @@ constexpr bool kVnni = false;
 #pragma GCC pop_options
 #endif
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avxvnni")
-#endif
-namespace x8_vnni {
-using q8act::BlockQ8A;
-using q8act::quantize_act;
-constexpr bool kVnni = true;
-#include "x8_body.inc"
-}  // namespace x8_vnni
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
 // a.w is the x8-packed weight; scratch: one token's activation blocks (k / 32 x 44 bytes).
 EV_AVX2 void matmul_avx2_q8act_x8(const MatmulArgs& a) { x8_avx2::dispatch(a); }
-__attribute__((target("avx2,fma,f16c,avxvnni"))) void matmul_avxvnni_q8act_x8(const MatmulArgs& a) { x8_vnni::dispatch(a); }
 
 }  // namespace evk
 #endif

@@ -1,0 +1,177 @@
+// AVX2 + FMA attention of one query row against the cached keys and values of one kv head
+// (AttentionArgs, kernels/ops.h); docs/kernels/decode-attention.md. Compiled for the baseline ISA;
+// only these functions carry the AVX2 target, and the operator table calls them only on CPUs that
+// report AVX2 and FMA.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "../ops.h"
+
+#define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+#include "../elementwise/exp_avx2.h"
+
+namespace evk {
+
+namespace {
+
+// The scores of 8 keys in one vector: ai holds key i's 8 partial sums; lane i of the result is
+// their total. Every lane goes through the same additions (pairs, then pairs of pairs, then the two
+// halves), so a key's score does not depend on its place in the group.
+EV_AVX2 inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                              __m256 a7) {
+    const __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+    const __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1);  // keys 0..3: sums of lanes 0..3 | of lanes 4..7
+    const __m256 u1 = _mm256_hadd_ps(t2, t3);  // keys 4..7, likewise
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// scale * q.k for the keys [j, j + 8): one accumulator per key (8 independent FMA chains, q loaded
+// once per 8 keys), the tail of head_dim % 8 by masked loads (nothing read past a row). Keys past
+// n_kv repeat the last one; the caller stores only the valid lanes.
+EV_AVX2 inline __m256 scores8(const AttentionArgs& a, int64_t j, __m256i dmask) {
+    const int64_t last = a.n_kv - 1, st = a.k_stride;
+    const float* r0 = a.k + (j < last ? j : last) * st;
+    const float* r1 = a.k + (j + 1 < last ? j + 1 : last) * st;
+    const float* r2 = a.k + (j + 2 < last ? j + 2 : last) * st;
+    const float* r3 = a.k + (j + 3 < last ? j + 3 : last) * st;
+    const float* r4 = a.k + (j + 4 < last ? j + 4 : last) * st;
+    const float* r5 = a.k + (j + 5 < last ? j + 5 : last) * st;
+    const float* r6 = a.k + (j + 6 < last ? j + 6 : last) * st;
+    const float* r7 = a.k + (j + 7 < last ? j + 7 : last) * st;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    int64_t d = 0;
+    for (; d + 8 <= a.head_dim; d += 8) {
+        const __m256 q = _mm256_loadu_ps(a.q + d);
+        s0 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r0 + d), s0);
+        s1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r1 + d), s1);
+        s2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r2 + d), s2);
+        s3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r3 + d), s3);
+        s4 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r4 + d), s4);
+        s5 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r5 + d), s5);
+        s6 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r6 + d), s6);
+        s7 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r7 + d), s7);
+    }
+    if (d < a.head_dim) {
+        const __m256 q = _mm256_maskload_ps(a.q + d, dmask);
+        s0 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r0 + d, dmask), s0);
+        s1 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r1 + d, dmask), s1);
+        s2 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r2 + d, dmask), s2);
+        s3 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r3 + d, dmask), s3);
+        s4 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r4 + d, dmask), s4);
+        s5 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r5 + d, dmask), s5);
+        s6 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r6 + d, dmask), s6);
+        s7 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r7 + d, dmask), s7);
+    }
+    return _mm256_mul_ps(_mm256_set1_ps(a.scale), reduce8(s0, s1, s2, s3, s4, s5, s6, s7));
+}
+
+// Chunk c (8 floats) of a block of NC chunks; the last one masked by dmask when Tail.
+template <int NC, bool Tail>
+EV_AVX2 inline __m256 load_chunk(const float* p, int c, __m256i dmask) {
+    return Tail && c == NC - 1 ? _mm256_maskload_ps(p + 8 * c, dmask) : _mm256_loadu_ps(p + 8 * c);
+}
+
+template <int NC, bool Tail>
+EV_AVX2 inline void store_chunk(float* p, int c, __m256 x, __m256i dmask) {
+    if (c >= NC) return;
+    if (Tail && c == NC - 1)
+        _mm256_maskstore_ps(p + 8 * c, dmask, x);
+    else
+        _mm256_storeu_ps(p + 8 * c, x);
+}
+
+// out[0, 8 NC) (the last chunk masked when Tail) = inv * sum_j e[j] v_j, j-outer: NC independent
+// accumulators hold this block of the output row in registers, each V row is read once (a second
+// set of accumulators, for odd j, when NC <= 4, so that there are enough independent FMA chains).
+// The accumulators are named variables, not an array: GCC keeps an array of vectors in memory and
+// stores every accumulator on every step.
+template <int NC, bool Tail>
+EV_AVX2 void weighted_sum(const float* e, const float* v, int64_t stride, int64_t n, float inv, int64_t rem,
+                          float* out) {
+    static_assert(NC >= 1 && NC <= 8, "blocks of at most 64 floats");
+    const __m256i dmask = tail_mask(rem);  // the last chunk's lanes when Tail (rem = head_dim % 8)
+    constexpr bool kTwoSets = NC <= 4;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z, b0 = z, b1 = z, b2 = z, b3 = z;
+#define EV_ATT_FMA(acc, c, p, row) \
+    if (c < NC) acc = _mm256_fmadd_ps(p, load_chunk<NC, Tail>(row, c, dmask), acc);
+    int64_t j = 0;
+    if (kTwoSets)
+        for (; j + 2 <= n; j += 2) {
+            const __m256 p0 = _mm256_broadcast_ss(e + j), p1 = _mm256_broadcast_ss(e + j + 1);
+            const float* v0 = v + j * stride;
+            const float* v1 = v0 + stride;
+            EV_ATT_FMA(a0, 0, p0, v0) EV_ATT_FMA(a1, 1, p0, v0) EV_ATT_FMA(a2, 2, p0, v0) EV_ATT_FMA(a3, 3, p0, v0)
+            EV_ATT_FMA(b0, 0, p1, v1) EV_ATT_FMA(b1, 1, p1, v1) EV_ATT_FMA(b2, 2, p1, v1) EV_ATT_FMA(b3, 3, p1, v1)
+        }
+    for (; j < n; ++j) {
+        const __m256 p = _mm256_broadcast_ss(e + j);
+        const float* vj = v + j * stride;
+        EV_ATT_FMA(a0, 0, p, vj) EV_ATT_FMA(a1, 1, p, vj) EV_ATT_FMA(a2, 2, p, vj) EV_ATT_FMA(a3, 3, p, vj)
+        EV_ATT_FMA(a4, 4, p, vj) EV_ATT_FMA(a5, 5, p, vj) EV_ATT_FMA(a6, 6, p, vj) EV_ATT_FMA(a7, 7, p, vj)
+    }
+#undef EV_ATT_FMA
+    if (kTwoSets) {
+        a0 = _mm256_add_ps(a0, b0);
+        a1 = _mm256_add_ps(a1, b1);
+        a2 = _mm256_add_ps(a2, b2);
+        a3 = _mm256_add_ps(a3, b3);
+    }
+    const __m256 vinv = _mm256_set1_ps(inv);
+    store_chunk<NC, Tail>(out, 0, _mm256_mul_ps(a0, vinv), dmask);
+    store_chunk<NC, Tail>(out, 1, _mm256_mul_ps(a1, vinv), dmask);
+    store_chunk<NC, Tail>(out, 2, _mm256_mul_ps(a2, vinv), dmask);
+    store_chunk<NC, Tail>(out, 3, _mm256_mul_ps(a3, vinv), dmask);
+    store_chunk<NC, Tail>(out, 4, _mm256_mul_ps(a4, vinv), dmask);
+    store_chunk<NC, Tail>(out, 5, _mm256_mul_ps(a5, vinv), dmask);
+    store_chunk<NC, Tail>(out, 6, _mm256_mul_ps(a6, vinv), dmask);
+    store_chunk<NC, Tail>(out, 7, _mm256_mul_ps(a7, vinv), dmask);
+}
+
+using WeightedSumFn = void (*)(const float*, const float*, int64_t, int64_t, float, int64_t, float*);
+// Indexed by [chunks - 1][head_dim % 8 != 0].
+constexpr WeightedSumFn kWeightedSum[8][2] = {
+    {weighted_sum<1, false>, weighted_sum<1, true>}, {weighted_sum<2, false>, weighted_sum<2, true>},
+    {weighted_sum<3, false>, weighted_sum<3, true>}, {weighted_sum<4, false>, weighted_sum<4, true>},
+    {weighted_sum<5, false>, weighted_sum<5, true>}, {weighted_sum<6, false>, weighted_sum<6, true>},
+    {weighted_sum<7, false>, weighted_sum<7, true>}, {weighted_sum<8, false>, weighted_sum<8, true>},
+};
+
+}  // namespace
+
+// Scores 8 keys at a time (scores8), exp(s - max) and its sum by the shared vector exp
+// (exp_sub_scaled_sum), then the weighted sum of values j-outer in blocks of up to 64 output floats
+// held in registers (one pass over V for head_dim <= 64, ceil(head_dim / 64) passes otherwise).
+// The 1 / sum normalization is applied once per output element, at the end.
+EV_AVX2 void attention_avx2(const AttentionArgs& args) {
+    const AttentionArgs a = args;  // a local copy: stores to scores cannot alias its fields
+    const int64_t n = a.n_kv, hd = a.head_dim;
+    if (n <= 0) {  // no keys: zeros, as the reference writes
+        for (int64_t d = 0; d < hd; ++d) a.out[d] = 0.f;
+        return;
+    }
+    const __m256i dmask = tail_mask(hd % 8);
+    __m256 vmax = _mm256_set1_ps(-3.4e38f);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 s = scores8(a, j, dmask);
+        _mm256_storeu_ps(a.scores + j, s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    if (j < n) {  // lanes past n_kv repeat the last key's score: harmless for the maximum
+        const __m256 s = scores8(a, j, dmask);
+        _mm256_maskstore_ps(a.scores + j, tail_mask(n - j), s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    const float mx = hmax(vmax);
+    const float inv = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores, n, mx, 1.f));  // exp(s - mx)
+    for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+        const int64_t w = hd - d0 < 64 ? hd - d0 : 64;
+        kWeightedSum[(w + 7) / 8 - 1][w % 8 != 0](a.scores, a.v + d0, a.v_stride, n, inv, hd % 8, a.out + d0);
+    }
+}
+
+}  // namespace evk
+#endif
