@@ -10,7 +10,7 @@
 #include "bindings_kernels.h"
 #include "gguf.h"
 #include "models/clip_vision.h"
-#include "models/llama.h"
+#include "models/registry.h"
 
 namespace py = pybind11;
 using namespace evn;
@@ -100,11 +100,44 @@ py::array_t<int32_t> as_ids(const py::array_t<int32_t, py::array::c_style | py::
     return a;
 }
 
+// A request's prompt as Python hands it over, owned (Decoder.generate's GIL-free part reads it).
+struct Prompt {
+    std::vector<int32_t> ids;
+    std::vector<float> features;  // n_slots rows of n_embd
+    std::vector<int64_t> slots;
+    int64_t feature_width = 0;
+    std::shared_ptr<const KVSnapshot> prefix;
+    PromptInput input() const {
+        return PromptInput{ids.data(), static_cast<int64_t>(ids.size()), features.data(), slots.data(),
+                           static_cast<int64_t>(slots.size())};
+    }
+};
+
+void set_image(Prompt& p, const py::object& features, const py::object& slots) {
+    if (features.is_none() != slots.is_none()) throw py::value_error("features and slots go together");
+    if (features.is_none()) return;
+    const auto f = features.cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+    const auto s = slots.cast<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>();
+    if (f.ndim() != 2 || s.ndim() != 1 || f.shape(0) != s.shape(0))
+        throw py::value_error("features must have shape (n, width) for n slots, got " + std::to_string(f.shape(0)) +
+                              " rows for " + std::to_string(s.size()) + " slots");
+    p.features.assign(f.data(), f.data() + f.size());
+    p.slots.assign(s.data(), s.data() + s.size());
+    p.feature_width = f.shape(1);
+}
+
+void check_image(const Decoder& mdl, const Prompt& p) {
+    if (!p.slots.empty() && p.feature_width != mdl.config().n_embd)
+        throw py::value_error("image features are " + std::to_string(p.feature_width) + " wide, the decoder " +
+                              std::to_string(mdl.config().n_embd));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_engine, m) {
     m.doc() = "edgevlm native engine: GGUF reader, kernels and model graphs";
     py::register_exception<GGUFError>(m, "GGUFError", PyExc_ValueError);
+    py::register_exception<UnsupportedModel>(m, "UnsupportedModelError", PyExc_ValueError);
 
     register_kernel_bindings(m);
 
@@ -142,6 +175,8 @@ PYBIND11_MODULE(_engine, m) {
                 std::memcpy(a.mutable_data(), src.data(), src.size() * sizeof(float));
                 return a;
             };
+            // Prefix-cache files (format 1) hold K and V only: a state they cannot hold is refused, not cut.
+            if (!s.recurrent.empty()) throw py::value_error("the snapshot holds recurrent state, which arrays() does not carry");
             return py::make_tuple(copy(s.k), copy(s.v));
         }, "Copies of the cached keys and values, each (n_layer, n_past, kv_dim) float32.")
         .def_static("from_arrays", [](py::array_t<float, py::array::c_style | py::array::forcecast> k,
@@ -157,17 +192,33 @@ PYBIND11_MODULE(_engine, m) {
             return s;
         }, py::arg("k"), py::arg("v"), "A snapshot from arrays (a prefix-cache file); restore() checks it fits the model.");
 
-    py::class_<LlamaModel>(m, "LlamaModel")
+    // What one request prefills (Decoder.generate): the suffix ids, the image features and the
+    // positions they take, and the fixed-prefix state it starts from (None: an empty sequence).
+    py::class_<Prompt>(m, "Prompt")
+        .def(py::init([](py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids, py::object features,
+                         py::object slots, std::shared_ptr<const KVSnapshot> prefix) {
+                 Prompt p;
+                 ids = as_ids(ids);
+                 p.ids.assign(ids.data(), ids.data() + ids.shape(0));
+                 set_image(p, features, slots);
+                 p.prefix = std::move(prefix);
+                 return p;
+             }),
+             py::arg("ids"), py::arg("features") = py::none(), py::arg("slots") = py::none(), py::arg("prefix") = py::none())
+        .def_property_readonly("n_tokens", [](const Prompt& p) { return p.ids.size(); })
+        .def_property_readonly("n_slots", [](const Prompt& p) { return p.slots.size(); });
+
+    py::class_<Decoder>(m, "Decoder")
         .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch) {
                  if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
                  if (n_ctx < 0) throw py::value_error("n_ctx must be >= 0 (0 = default)");
                  if (n_batch < 1 || n_batch > 4096) throw py::value_error("n_batch must be in 1..4096");
                  py::gil_scoped_release nogil;
-                 return std::make_unique<LlamaModel>(std::move(f), threads, n_ctx, n_batch);
+                 return std::make_unique<Decoder>(std::move(f), threads, n_ctx, n_batch);
              }),
              py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = 64)
-        .def_property_readonly("config", [](const LlamaModel& mdl) {
-            const LlamaConfig& c = mdl.config();
+        .def_property_readonly("config", [](const Decoder& mdl) {
+            const DecoderConfig& c = mdl.config();
             py::dict d;
             d["arch"] = c.arch; d["n_vocab"] = c.n_vocab; d["n_embd"] = c.n_embd; d["n_ff"] = c.n_ff;
             d["n_layer"] = c.n_layer; d["n_head"] = c.n_head; d["n_head_kv"] = c.n_head_kv; d["head_dim"] = c.head_dim;
@@ -175,51 +226,52 @@ PYBIND11_MODULE(_engine, m) {
             d["rope_base"] = c.rope_base; d["rope_scale"] = c.rope_scale; d["tied_output"] = c.tied_output;
             return d;
         })
-        .def_property_readonly("n_ctx", &LlamaModel::n_ctx)
-        .def_property_readonly("n_past", &LlamaModel::n_past)
-        .def_property_readonly("threads", &LlamaModel::threads)
-        .def("variants", &LlamaModel::variants, "Which kernel variant serves each operator.")
-        .def("reset", &LlamaModel::reset)
-        .def("forward", [](LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids, bool all_logits) {
+        .def_property_readonly("n_ctx", &Decoder::n_ctx)
+        .def_property_readonly("n_past", &Decoder::n_past)
+        .def_property_readonly("threads", &Decoder::threads)
+        .def("variants", &Decoder::variants, "Which kernel variant serves each operator.")
+        .def("reset", &Decoder::reset)
+        .def("forward", [](Decoder& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
+                           bool all_logits, py::object features, py::object slots) {
+            Prompt p;
             ids = as_ids(ids);
+            p.ids.assign(ids.data(), ids.data() + ids.shape(0));
+            set_image(p, features, slots);
             const int64_t n = ids.shape(0);
             if (n == 0) throw py::value_error("no tokens to run");
+            check_image(mdl, p);
             const int64_t V = mdl.config().n_vocab;
             py::array_t<float> out = all_logits ? py::array_t<float>(std::vector<py::ssize_t>{n, V}) : py::array_t<float>(std::vector<py::ssize_t>{V});
             float* dst = out.mutable_data();
-            const int32_t* src = ids.data();
             {
                 py::gil_scoped_release nogil;
-                mdl.forward_tokens(src, n, dst, all_logits);
+                mdl.prefill(p.input(), dst, all_logits);
             }
             return out;
-        }, py::arg("ids"), py::arg("all_logits") = false,
-           "Appends tokens to the cache; returns the last position's logits, or every position's.")
-        .def("forward_embeddings", [](LlamaModel& mdl, py::array_t<float, py::array::c_style | py::array::forcecast> x, bool all_logits) {
-            if (x.ndim() != 2 || x.shape(1) != mdl.config().n_embd)
-                throw py::value_error("embeddings must have shape (n, " + std::to_string(mdl.config().n_embd) + ")");
-            const int64_t n = x.shape(0), V = mdl.config().n_vocab;
-            if (n == 0) throw py::value_error("no embeddings to run");
-            py::array_t<float> out = all_logits ? py::array_t<float>(std::vector<py::ssize_t>{n, V}) : py::array_t<float>(std::vector<py::ssize_t>{V});
-            float* dst = out.mutable_data();
-            const float* src = x.data();
-            {
-                py::gil_scoped_release nogil;
-                mdl.forward_embeddings(src, n, dst, all_logits);
-            }
-            return out;
-        }, py::arg("x"), py::arg("all_logits") = false)
-        .def("generate", [](LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> prompt, int64_t max_new,
-                            std::vector<int32_t> stop_ids, double max_ms) {
-            prompt = as_ids(prompt);
+        }, py::arg("ids"), py::arg("all_logits") = false, py::arg("features") = py::none(), py::arg("slots") = py::none(),
+           "Appends tokens to the sequence (the rows at `slots` take the rows of `features`, shape (len(slots), "
+           "n_embd): an image); returns the last position's logits, or every position's.")
+        .def("generate", [](Decoder& mdl, py::object prompt, int64_t max_new, std::vector<int32_t> stop_ids, double max_ms) {
             if (max_new < 0) throw py::value_error("max_new_tokens must be >= 0");
-            if (prompt.shape(0) == 0 && mdl.n_past() == 0) throw py::value_error("empty prompt on an empty cache");
+            // A Prompt starts from its prefix (or an empty sequence); bare ids go on the sequence as it stands.
+            Prompt bare;
+            const bool request = py::isinstance<Prompt>(prompt);
+            if (!request) {
+                py::array_t<int32_t> ids = as_ids(prompt.cast<py::array_t<int32_t, py::array::c_style | py::array::forcecast>>());
+                bare.ids.assign(ids.data(), ids.data() + ids.shape(0));
+            }
+            const Prompt& p = request ? prompt.cast<const Prompt&>() : bare;
+            if (p.ids.empty()) throw py::value_error("empty prompt: the first token comes from the prompt's last position");
+            check_image(mdl, p);
             GenerateResult r;
-            const int32_t* src = prompt.data();
-            const int64_t n = prompt.shape(0);
             {
                 py::gil_scoped_release nogil;
-                mdl.generate(src, n, max_new, stop_ids, max_ms, r);
+                const auto t0 = std::chrono::steady_clock::now();
+                if (request && p.prefix) mdl.restore(*p.prefix);
+                else if (request) mdl.reset();
+                const double start_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+                mdl.generate(p.input(), max_new, stop_ids, max_ms > 0 ? std::max(max_ms - start_ms, 1e-6) : 0.0, r);
+                r.prefill_ms += start_ms;
             }
             py::dict d;
             d["tokens"] = r.tokens;
@@ -229,20 +281,16 @@ PYBIND11_MODULE(_engine, m) {
             d["n_prompt"] = r.n_prompt;
             return d;
         }, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::arg("max_ms") = 0.0,
-           "Greedy decoding after appending prompt to the cache; the stop token is not returned.")
-        .def("cancel", [](LlamaModel& mdl, bool on) { mdl.cancel(on); }, py::arg("on") = true,
+           "Greedy decoding after prefilling prompt: a Prompt (restored prefix or empty sequence first, image "
+           "features at their slots) or token ids (appended to the sequence as it stands). The stop token is not "
+           "returned; prefill_ms includes restoring the prefix.")
+        .def("cancel", [](Decoder& mdl, bool on) { mdl.cancel(on); }, py::arg("on") = true,
              py::call_guard<py::gil_scoped_release>(),
              "From any thread: generate() stops before its next token with stop_reason 'cancelled' "
              "(sticky until cancel(False)).")
-        .def("embed", [](const LlamaModel& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
-            ids = as_ids(ids);
-            const int64_t n = ids.shape(0), d = mdl.config().n_embd;
-            py::array_t<float> out({n, d});
-            mdl.embed(ids.data(), n, out.mutable_data());
-            return out;
-        }, py::arg("ids"), "Token embedding rows, shape (n, n_embd).")
-        .def("snapshot", [](const LlamaModel& mdl) { return std::make_shared<KVSnapshot>(mdl.snapshot()); })
-        .def("restore", [](LlamaModel& mdl, const KVSnapshot& s) { mdl.restore(s); });
+        .def("snapshot", [](const Decoder& mdl) { return std::make_shared<KVSnapshot>(mdl.snapshot()); })
+        .def("restore", [](Decoder& mdl, const KVSnapshot& s) { mdl.restore(s); });
+    m.attr("LlamaModel") = m.attr("Decoder");  // the name of the days when llama was the only architecture
 
     py::class_<ClipVisionModel>(m, "ClipVisionModel")
         .def(py::init([](std::shared_ptr<GGUFFile> f, int threads) {

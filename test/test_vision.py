@@ -79,9 +79,8 @@ def _ours_all_logits(vlm: Any, prefix_ids: list[int], rest_ids: list[int], featu
     native = vlm.text.native
     native.reset()
     parts = [native.forward(np.asarray(prefix_ids, np.int32), all_logits=True)] if prefix_ids else []
-    x = native.embed(np.asarray(rest_ids, np.int32))
-    x[np.asarray(rest_ids) == vlm.image_token_id] = features
-    parts.append(native.forward_embeddings(x, all_logits=True))
+    slots = np.flatnonzero(np.asarray(rest_ids) == vlm.image_token_id)
+    parts.append(native.forward(np.asarray(rest_ids, np.int32), all_logits=True, features=features, slots=slots))
     return np.concatenate(parts)
 
 
@@ -196,13 +195,13 @@ def test_prefix_cache_gives_identical_text(converted: dict, tmp_path: Path) -> N
     prefix_ids, rest_ids = vlm.prompt_ids("Describe what you see.", 0, 0)
     native.reset()
     native.forward(np.asarray(prefix_ids, np.int32))
+    from edgevlm_ros import _engine
     from edgevlm_ros.engine.preprocess import preprocess
 
     feats = vlm.vision.encode(preprocess(rgb, vlm.preprocess_config).pixel_values)
-    x = native.embed(np.asarray(rest_ids, np.int32))
-    x[np.asarray(rest_ids) == vlm.image_token_id] = feats
-    native.forward_embeddings(x)
-    c = native.generate(np.zeros(0, np.int32), 10, vlm.text.stop_ids)
+    slots = np.flatnonzero(np.asarray(rest_ids) == vlm.image_token_id)
+    rest = _engine.Prompt(np.asarray(rest_ids, np.int32), features=feats, slots=slots, prefix=native.snapshot())
+    c = native.generate(rest, 10, vlm.text.stop_ids)
     assert a.token_ids == b.token_ids == c["tokens"]
 
     # A corrupt file is ignored with a reason and rebuilt.

@@ -1,8 +1,8 @@
 """A vision-language model: an mmproj (SigLIP tower + idefics3 connector) beside a text GGUF.
 
-One frame's way: preprocess (tiles, normalize) -> vision tower -> image embeddings placed at the
-`<image>` positions of the prompt -> restore the fixed-prefix KV cache, prefill the rest ->
-greedy decode. Every stage is timed.
+One frame's way: preprocess (tiles, normalize) -> vision tower -> the one generation path
+(generation.generate: restore the fixed-prefix state, prefill the rest with the image embeddings at
+the `<image>` positions, greedy decode). Every stage is timed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import _engine
 from .chat_template import render_chat
+from .generation import generate
 from .paths import resolve_model
 from .preprocess import IMAGE_TOKEN, PreprocessConfig, preprocess
 from .text_model import GenerationResult, PrefixState, TextModel
@@ -24,6 +25,7 @@ DEFAULT_PROMPT = "Describe what you see."
 DEFAULT_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 
 log = logging.getLogger("edgevlm")
+PROMPT_CACHE_SIZE = 64  # (prompt, tile grid) pairs kept encoded
 
 
 class VisionLanguageModel:
@@ -57,6 +59,9 @@ class VisionLanguageModel:
             raise ValueError(f"mmproj gives {vcfg['tokens_per_tile']} tokens per tile, its metadata implies "
                              f"{self.preprocess_config.image_seq_len}")
         self.system_prompt = system_prompt
+        # (prefix ids, the rest) by (prompt, rows, cols): the template is rendered and tokenized
+        # once per prompt (and tile grid), not once per frame.
+        self._prompt_parts: dict[tuple[str, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
         # The fixed prefix is everything before the image: it depends on the system prompt only,
         # because the image comes first in the user turn.
         self.prefix_text = self._render(DEFAULT_PROMPT).split(IMAGE_TOKEN, 1)[0]
@@ -91,12 +96,19 @@ class VisionLanguageModel:
         """(prefix ids, the rest) for a prompt whose image expands to a rows x cols grid."""
         from .preprocess import expand_image_prompt
 
-        before, after = self._render(prompt).split(IMAGE_TOKEN, 1)
-        tok = self.text.tokenizer
-        rest = tok.encode(expand_image_prompt(rows, cols, self.preprocess_config.image_seq_len) + after, add_bos=False)
-        if before == self.prefix_text and self.prefix.snapshot is not None:
-            return list(self.prefix.token_ids), rest
-        return tok.encode(before, add_bos=False), rest
+        key = (prompt, rows, cols)
+        if key not in self._prompt_parts:
+            if len(self._prompt_parts) >= PROMPT_CACHE_SIZE:
+                self._prompt_parts.clear()
+            before, after = self._render(prompt).split(IMAGE_TOKEN, 1)
+            tok = self.text.tokenizer
+            image = expand_image_prompt(rows, cols, self.preprocess_config.image_seq_len)
+            rest = tok.encode(image + after, add_bos=False)
+            kept = before == self.prefix_text and self.prefix.snapshot is not None
+            pre = self.prefix.token_ids if kept else tok.encode(before, add_bos=False)
+            self._prompt_parts[key] = (tuple(pre), tuple(rest))
+        pre, rest = self._prompt_parts[key]
+        return list(pre), list(rest)
 
     def cancel(self) -> None:
         """From any thread: a describe() in progress stops before its next decoded token (stop_reason
@@ -113,45 +125,11 @@ class VisionLanguageModel:
         t1 = time.perf_counter()
         features = self.vision.encode(image.pixel_values)
         t2 = time.perf_counter()
-
         prefix_ids, rest_ids = self.prompt_ids(prompt, image.rows, image.cols)
-        x = self.text.native.embed(np.asarray(rest_ids, dtype=np.int32))
-        slots = np.flatnonzero(np.asarray(rest_ids) == self.image_token_id)
-        if len(slots) != len(features):
-            raise ValueError(f"prompt has {len(slots)} image tokens for {len(features)} image embeddings")
-        x[slots] = features
-        native = self.text.native
-        cached = 0
-        if prefix_ids and tuple(prefix_ids) == self.prefix.token_ids:
-            native.restore(self.prefix.snapshot)
-            cached = len(prefix_ids)
-        else:
-            native.reset()
-            if prefix_ids:
-                native.forward(np.asarray(prefix_ids, dtype=np.int32))
-        native.forward_embeddings(x)
-        t3 = time.perf_counter()
-        budget = 0.0
-        if deadline_ms is not None and deadline_ms > 0:
-            budget = max(deadline_ms - (t3 - t0) * 1e3, 1e-6)  # the deadline covers the whole frame
-        r = native.generate(np.zeros(0, dtype=np.int32), max_new_tokens, self.text.stop_ids, budget)
-        t4 = time.perf_counter()
-        text = self.text.tokenizer.decode(r["tokens"], skip_special=True)
-        t5 = time.perf_counter()
-        n_gen = len(r["tokens"])
-        steps = max(n_gen - 1, 0)
-        decode_ms = (t4 - t3) * 1e3
-        timings = {
-            "preprocess": (t1 - t0) * 1e3,
-            "vision": (t2 - t1) * 1e3,
-            "prefill": (t3 - t2) * 1e3,
-            "decode": decode_ms,
-            "detokenize": (t5 - t4) * 1e3,
-            "total": (t5 - t0) * 1e3,
-        }
-        tps = steps / (r["decode_ms"] / 1e3) if steps and r["decode_ms"] > 0 else 0.0
-        result = GenerationResult(text, list(r["tokens"]), list(prefix_ids) + rest_ids, timings, r["stop_reason"],
-                                  tps, cached)
+        stages = {"preprocess": (t1 - t0) * 1e3, "vision": (t2 - t1) * 1e3}
+        result = generate(self.text.native, self.text.tokenizer, self.text.stop_ids, prefix_ids + rest_ids,
+                          prefix=self.prefix, features=features, image_token_id=self.image_token_id,
+                          max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages)
         result.extra = {"n_image_tokens": image.n_image_tokens, "tiles": image.n_tiles,
                         "grid": [image.rows, image.cols]}
         return result

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "../gguf.h"
-#include "../models/llama.h"
+#include "../models/decoder.h"
 
 extern "C" {
 void* __libc_malloc(size_t);
@@ -55,15 +55,16 @@ int main(int argc, char** argv) {
     const int threads = argc > 3 ? std::atoi(argv[3]) : 2;
     int passed = 0, failed = 0;
     auto file = std::make_shared<evn::GGUFFile>(argv[1]);
-    evn::LlamaModel model(file, threads, 512, 64);
+    evn::Decoder model(file, threads, 512, 64);
     std::vector<float> logits(static_cast<size_t>(model.config().n_vocab));
     const int32_t prompt[] = {1, 504, 30, 2};
-    model.forward_tokens(prompt, 4, logits.data(), false);
+    model.prefill(evn::PromptInput{prompt, 4}, logits.data(), false);
     int32_t tok = 42;
-    model.forward_tokens(&tok, 1, logits.data(), false);  // warm-up decode step
+    const evn::PromptInput one{&tok, 1};
+    model.prefill(one, logits.data(), false);  // warm-up decode step
 
     g_counting = true;
-    for (int i = 0; i < steps; ++i) model.forward_tokens(&tok, 1, logits.data(), false);
+    for (int i = 0; i < steps; ++i) model.prefill(one, logits.data(), false);
     g_counting = false;
     const long decode_allocs = g_allocs;
     std::printf("decode: %d steps, %ld heap allocations\n", steps, decode_allocs);
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
     model.reset();
     g_allocs = 0;
     g_counting = true;
-    model.generate(prompt, 4, steps, stops, 0.0, r);
+    model.generate(evn::PromptInput{prompt, 4}, steps, stops, 0.0, r);
     g_counting = false;
     std::printf("generate: %zu tokens, %ld heap allocations\n", r.tokens.size(), static_cast<long>(g_allocs));
     (g_allocs <= 2 ? passed : failed)++;

@@ -1,4 +1,4 @@
-// libFuzzer harness for the GGUF reader and the two model loaders (llama decoder, SigLIP/idefics3
+// libFuzzer harness for the GGUF reader and the two model loaders (text decoder, vision tower
 // mmproj). Built by test/test_fuzz.py and scripts/fuzz_long.sh with clang
 // -fsanitize=fuzzer,address,undefined from the same sources as the extension (buildinfo.py),
 // except native/mapped_file.cpp, which this file replaces (see below).
@@ -7,8 +7,9 @@
 // engine opens model files, then:
 //   1. GGUFFile must load it or refuse it with GGUFError; nothing else may escape;
 //   2. every tensor's first and last byte and every metadata value is touched;
-//   3. LlamaModel (n_ctx 8) and ClipVisionModel are constructed from whatever loaded; each must
-//      succeed or refuse with GGUFError (their shape and key checks are fuzzed too);
+//   3. Decoder (n_ctx 8) and ClipVisionModel are constructed from whatever loaded; each must
+//      succeed or refuse with GGUFError (a bad file) or UnsupportedModel (an architecture the
+//      registry does not hold); their shape and key checks are fuzzed too;
 //   4. a model that was built runs once (one token, or one image tile of zeros), so the kernels
 //      meet whatever shapes and weight bytes the checks let through.
 // A crash, a sanitizer report, an escaping exception or an allocation over -malloc_limit_mb is a
@@ -37,7 +38,7 @@
 #include "../gguf.h"
 #include "../mapped_file.h"
 #include "../models/clip_vision.h"
-#include "../models/llama.h"
+#include "../models/registry.h"
 
 namespace evn {
 
@@ -109,17 +110,19 @@ void touch(const evn::GGUFFile& f) {
 }
 
 void try_llama(const std::shared_ptr<const evn::GGUFFile>& f) {
-    std::unique_ptr<evn::LlamaModel> m;
+    std::unique_ptr<evn::Decoder> m;
     try {
-        m = std::make_unique<evn::LlamaModel>(f, 1, 8, 4);
+        m = std::make_unique<evn::Decoder>(f, 1, 8, 4);
     } catch (const evn::GGUFError&) {
         return;  // refused: what a bad file must get
+    } catch (const evn::UnsupportedModel&) {
+        return;  // refused: an architecture this engine does not run
     }
     std::vector<float> logits(static_cast<size_t>(m->config().n_vocab));
     // The last row of the embedding table, then (context allowing) a second position.
     const int32_t last = static_cast<int32_t>(m->config().n_vocab - 1), first = 0;
-    m->forward_tokens(&last, 1, logits.data(), false);
-    if (m->n_ctx() >= 2) m->forward_tokens(&first, 1, logits.data(), false);
+    m->prefill(evn::PromptInput{&last, 1}, logits.data(), false);
+    if (m->n_ctx() >= 2) m->prefill(evn::PromptInput{&first, 1}, logits.data(), false);
     g_sink = g_sink + (logits[0] == logits[0]);
 }
 

@@ -1,0 +1,105 @@
+"""The one generation path (as gpt-fast's generate()): text requests and image descriptions both
+restore the fixed prefix (one rule), prefill the rest with the image features at their slots, decode
+greedily and time each stage. The prefill and the decode are one native call (Decoder.generate with a
+Prompt): no embeddings or logits travel to Python and back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import _engine
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced and how long each stage took."""
+
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    timings_ms: dict[str, float]
+    stop_reason: str
+    tokens_per_s: float = 0.0
+    cached_prefix_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_token_ids": self.prompt_token_ids,
+            "timings_ms": self.timings_ms,
+            "tokens_per_s": self.tokens_per_s,
+            "stop_reason": self.stop_reason,
+            "cached_prefix_tokens": self.cached_prefix_tokens,
+            **self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class PrefixState:
+    """The sequence state after a fixed token prefix (e.g. a system prompt), restorable many times."""
+
+    token_ids: tuple[int, ...]
+    snapshot: Any  # _engine.KVSnapshot, or None: no prefix kept
+
+
+def cached_length(ids: Sequence[int], prefix: PrefixState | None) -> int:
+    """How many of ids the prefix state covers: all of the prefix when ids extend it, else 0.
+    The prompt must go beyond the prefix: decoding starts from the logits of its last position,
+    which the prefill computes and a snapshot does not hold."""
+    if prefix is None or prefix.snapshot is None:
+        return 0
+    n = len(prefix.token_ids)
+    return n if 0 < n < len(ids) and tuple(ids[:n]) == prefix.token_ids else 0
+
+
+def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence[int], *,
+             prefix: PrefixState | None = None, features: np.ndarray | None = None,
+             image_token_id: int | None = None, max_new_tokens: int = 64, deadline_ms: float | None = None,
+             t0: float | None = None, stages_ms: Mapping[str, float] | None = None) -> GenerationResult:
+    """Greedy generation after the prompt `ids`: restore the prefix state if ids extend it (else an
+    empty sequence), prefill the rest with `features` rows at the positions of `image_token_id`,
+    decode, detokenize.
+
+    t0 (perf_counter seconds): when the request began, so that `total` and the deadline cover the
+    stages done before (stages_ms: preprocess, vision, tokenize), which come first in timings_ms.
+    """
+    t0 = time.perf_counter() if t0 is None else t0
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise ValueError("empty prompt")
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 0")
+    cached = cached_length(ids, prefix)
+    rest = np.asarray(ids[cached:], dtype=np.int32)
+    slots = None
+    if features is not None:
+        slots = np.flatnonzero(rest == image_token_id).astype(np.int64)
+        if len(slots) != len(features):
+            raise ValueError(f"prompt has {len(slots)} image tokens for {len(features)} image embeddings")
+    request = _engine.Prompt(rest, features=features, slots=slots, prefix=prefix.snapshot if cached else None)
+    budget = 0.0
+    if deadline_ms is not None and deadline_ms > 0:  # the deadline covers the whole request
+        budget = max(deadline_ms - (time.perf_counter() - t0) * 1e3, 1e-6)
+    r = native.generate(request, max_new_tokens, list(stop_ids), budget)
+    t1 = time.perf_counter()
+    text = tokenizer.decode(r["tokens"], skip_special=True)
+    t2 = time.perf_counter()
+    timings = {
+        **(stages_ms or {}),
+        "prefill": r["prefill_ms"],
+        "decode": r["decode_ms"],
+        "detokenize": (t2 - t1) * 1e3,
+        "total": (t2 - t0) * 1e3,
+    }
+    # The first generated token comes from the prefill's logits: decode ran n_gen - 1 steps.
+    steps = max(len(r["tokens"]) - 1, 0)
+    tps = steps / (r["decode_ms"] / 1e3) if steps and r["decode_ms"] > 0 else 0.0
+    return GenerationResult(text, list(r["tokens"]), ids, timings, r["stop_reason"], tps, cached)

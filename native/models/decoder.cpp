@@ -1,0 +1,317 @@
+#include "decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "registry.h"
+
+namespace evn {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// The architecture is looked up first: an unsupported one is refused as such, before any of its
+// keys is read (a missing key would read as a bad file).
+DecoderConfig read_config(const GGUFFile& f) {
+    find_decoder(f);
+    DecoderConfig c;
+    c.arch = f.get_string("general.architecture");
+    const std::string a = c.arch + ".";
+    auto pos_int = [&](const std::string& key, uint64_t limit) {
+        const uint64_t v = f.get_uint(key);
+        if (v == 0 || v > limit) f.fail(key, "value " + std::to_string(v) + " is out of range");
+        return static_cast<int64_t>(v);
+    };
+    c.n_embd = pos_int(a + "embedding_length", 1 << 16);
+    c.n_ff = pos_int(a + "feed_forward_length", 1 << 18);
+    c.n_layer = pos_int(a + "block_count", 1024);
+    c.n_head = pos_int(a + "attention.head_count", 1024);
+    c.n_head_kv = f.find(a + "attention.head_count_kv") ? pos_int(a + "attention.head_count_kv", 1024) : c.n_head;
+    c.n_ctx_train = pos_int(a + "context_length", 1 << 24);
+    if (c.n_embd % c.n_head != 0) f.fail(a + "attention.head_count", "does not divide embedding_length");
+    if (c.n_head % c.n_head_kv != 0) f.fail(a + "attention.head_count_kv", "does not divide head_count");
+    c.head_dim = c.n_embd / c.n_head;
+    c.rope_dims = f.find(a + "rope.dimension_count") ? pos_int(a + "rope.dimension_count", 1 << 16) : c.head_dim;
+    if (c.rope_dims > c.head_dim || c.rope_dims % 2 != 0) f.fail(a + "rope.dimension_count", "must be even and at most the head size");
+    c.rms_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+    c.rope_base = static_cast<float>(f.get_float(a + "rope.freq_base", 10000.0));
+    if (!(c.rope_base > 1.f)) f.fail(a + "rope.freq_base", "must be > 1");
+    if (const GValue* st = f.find(a + "rope.scaling.type")) {
+        if (st->type != GType::STRING) f.fail(a + "rope.scaling.type", "must be a string");
+        if (st->s == "linear") {
+            c.rope_scale = static_cast<float>(f.get_float(a + "rope.scaling.factor", 1.0));
+            if (!(c.rope_scale > 0.f)) f.fail(a + "rope.scaling.factor", "must be > 0");
+        } else if (st->s != "none") {
+            f.fail(a + "rope.scaling.type", "'" + st->s + "' is not supported (none, linear are)");
+        }
+    }
+    const TensorInfo* emb = f.find_tensor("token_embd.weight");
+    if (!emb) f.fail("tensor 'token_embd.weight'", "missing");
+    c.n_vocab = emb->ne[1];
+    c.tied_output = f.find_tensor("output.weight") == nullptr;
+    return c;
+}
+
+void check_ids(const int32_t* ids, int64_t n, int64_t n_vocab) {
+    for (int64_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= n_vocab)
+            throw std::invalid_argument("token id " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                                        std::to_string(n_vocab) + ")");
+}
+
+}  // namespace
+
+Weight DecoderLoader::matrix(const std::string& name, int64_t cols, int64_t rows) const {
+    Weight w = load_weight(f_, name, cols, rows, WeightUse::kBoth, &arena_);
+    // A weight whose kernels both read a packed copy no longer needs its rows in memory (the token
+    // embeddings map single rows back in on lookup): ~the model's size less resident.
+    release_unused_rows(f_, w);
+    return w;
+}
+
+Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch)
+    : file_(std::move(file)), cfg_(read_config(*file_)),
+      n_ctx_(n_ctx > 0 ? std::min<int64_t>(n_ctx, cfg_.n_ctx_train) : std::min<int64_t>(cfg_.n_ctx_train, 4096)),
+      n_batch_(std::max<int64_t>(1, n_batch)),
+      compute_(n_threads, std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim()})) {
+    const GGUFFile& f = *file_;
+    const DecoderFactory make = find_decoder(f);
+    const DecoderLoader load(f, arena_);
+    const int64_t d = cfg_.n_embd;
+    tok_embd_ = load.matrix("token_embd.weight", d, cfg_.n_vocab);
+    output_ = cfg_.tied_output ? tok_embd_ : load.matrix("output.weight", d, cfg_.n_vocab);
+    output_norm_ = load.vector("output_norm.weight", d);
+    arch_ = make(cfg_, load);
+
+    auto alloc = [](std::vector<float>& v, int64_t n) { v.assign(static_cast<size_t>(n), 0.f); };
+    const int64_t b = n_batch_, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+    alloc(s_.x, b * d);
+    alloc(s_.xb, b * std::max(d, qd));
+    alloc(s_.xb2, b * d);
+    alloc(s_.q, b * qd);
+    alloc(s_.k, b * kvd);
+    alloc(s_.v, b * kvd);
+    alloc(s_.att, b * qd);
+    alloc(s_.hb, b * cfg_.n_ff);
+    alloc(s_.hb2, b * cfg_.n_ff);
+    alloc(s_.rope_cs, b * cfg_.rope_dims);
+    alloc(s_.scores, static_cast<int64_t>(compute_.threads()) * n_ctx_);
+    alloc(next_logits_, cfg_.n_vocab);
+    int64_t kv_floats = 0, rec_floats = 0;
+    for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+        const LayerShape sh = arch_->layer_shape(l);
+        shapes_.push_back(sh);
+        kv_at_.push_back(kv_floats);
+        rec_at_.push_back(rec_floats);
+        kv_floats += 2 * n_ctx_ * sh.kv_dim;
+        rec_floats += sh.recurrent;
+    }
+    alloc(kv_, kv_floats);
+    alloc(rec_, rec_floats);
+}
+
+Decoder::~Decoder() = default;
+
+void Decoder::reset() {
+    n_past_ = 0;
+    std::fill(rec_.begin(), rec_.end(), 0.f);
+}
+
+LayerCache Decoder::cache_of(int64_t layer) {
+    const size_t l = static_cast<size_t>(layer);
+    LayerCache c;
+    c.kv_dim = shapes_[l].kv_dim;
+    if (c.kv_dim) {
+        c.k = kv_.data() + kv_at_[l];
+        c.v = c.k + n_ctx_ * c.kv_dim;
+    }
+    c.recurrent_size = shapes_[l].recurrent;
+    if (c.recurrent_size) c.recurrent = rec_.data() + rec_at_[l];
+    return c;
+}
+
+void Decoder::prefill(const PromptInput& p, float* logits, bool all_logits) {
+    check_ids(p.ids, p.n, cfg_.n_vocab);
+    for (int64_t i = 0; i < p.n_slots; ++i)
+        if (p.slots[i] < (i ? p.slots[i - 1] + 1 : 0) || p.slots[i] >= p.n)
+            throw std::invalid_argument("image slots must be increasing positions inside the prompt");
+    if (p.n_slots > 0 && !p.features) throw std::invalid_argument("image slots without features");
+    if (n_past_ + p.n > n_ctx_)
+        throw std::length_error("context full: " + std::to_string(n_past_) + " + " + std::to_string(p.n) + " tokens > n_ctx " +
+                                std::to_string(n_ctx_));
+    const evk::Phase ph = Compute::phase_for(p.n);
+    for (int64_t c0 = 0; c0 < p.n; c0 += n_batch_) {
+        const int64_t cn = std::min(n_batch_, p.n - c0);
+        embed(p, c0, cn);
+        const bool last_chunk = c0 + cn == p.n;
+        float* out = !logits ? nullptr : all_logits ? logits + c0 * cfg_.n_vocab : last_chunk ? logits : nullptr;
+        forward_chunk(Chunk{cn, n_past_, ph}, out, all_logits);
+    }
+}
+
+// Rows c0 .. c0 + cn of the prompt into s.x: the token's embedding row (times embd_scale), or the
+// image feature row where the position is a slot.
+void Decoder::embed(const PromptInput& p, int64_t c0, int64_t cn) {
+    const int64_t d = cfg_.n_embd;
+    for (int64_t i = 0; i < cn; ++i)
+        evk::dequantize_row(tok_embd_.type,
+                            static_cast<const char*>(tok_embd_.data) + static_cast<size_t>(p.ids[c0 + i]) * tok_embd_.row_bytes,
+                            &s_.x[i * d], d);
+    if (cfg_.embd_scale != 1.f)
+        for (int64_t i = 0; i < cn * d; ++i) s_.x[i] *= cfg_.embd_scale;
+    const int64_t* first = std::lower_bound(p.slots, p.slots + p.n_slots, c0);
+    for (const int64_t* sl = first; sl != p.slots + p.n_slots && *sl < c0 + cn; ++sl)
+        std::memcpy(&s_.x[(*sl - c0) * d], p.features + (sl - p.slots) * d, static_cast<size_t>(d) * sizeof(float));
+}
+
+// One chunk of tokens already embedded in s.x, through every layer, then (when logits is given)
+// the final norm and the output head.
+void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
+    const evk::OpTable& op = compute_.ops();
+    const int64_t n = ch.n, d = cfg_.n_embd, rd = cfg_.rope_dims;
+    DecoderContext ctx{cfg_, compute_, s_, n_ctx_};
+    // The rotation angles of each token's position, once for all layers (a cos, sin and pow per
+    // pair per head per layer were ~3% of a decode step).
+    for (int64_t t = 0; t < n; ++t)
+        evk::rope_angles(static_cast<float>(ch.pos0 + t) / cfg_.rope_scale, cfg_.rope_base, rd, &s_.rope_cs[t * rd]);
+    arch_->begin_chunk(ctx, ch);
+    for (int64_t l = 0; l < cfg_.n_layer; ++l) arch_->layer(ctx, l, ch, cache_of(l));
+    n_past_ += n;
+    if (!logits) return;
+    const int64_t first = all_logits ? 0 : n - 1;
+    for (int64_t t = first; t < n; ++t) op.rmsnorm(&s_.x[t * d], output_norm_.data(), &s_.xb[t * d], d, cfg_.rms_eps);
+    compute_.matmul(output_, &s_.xb[first * d], d, n - first, logits, cfg_.n_vocab, ch.phase);
+}
+
+void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
+    const int64_t kvd = cache.kv_dim;
+    for (int64_t t = 0; t < ch.n; ++t) {
+        std::memcpy(cache.k + (ch.pos0 + t) * kvd, &c.s.k[t * kvd], static_cast<size_t>(kvd) * sizeof(float));
+        std::memcpy(cache.v + (ch.pos0 + t) * kvd, &c.s.v[t * kvd], static_cast<size_t>(kvd) * sizeof(float));
+    }
+}
+
+// Grouped-query attention for the chunk's queries; work items are (token, head) pairs.
+void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window) {
+    const DecoderConfig& cfg = c.cfg;
+    const evk::AttentionFn fn = c.compute.ops().attention;
+    const int64_t hd = cfg.head_dim, qd = cfg.q_dim(), kvd = cache.kv_dim;
+    const int64_t group = cfg.n_head / cfg.n_head_kv;
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    auto body = [&](int64_t item, int t) {
+        const int64_t tok = item / cfg.n_head, h = item % cfg.n_head, kvh = h / group;
+        const int64_t end = ch.pos0 + tok + 1, begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+        evk::AttentionArgs a{};
+        a.q = &c.s.q[tok * qd + h * hd];
+        a.k = cache.k + begin * kvd + kvh * hd;
+        a.v = cache.v + begin * kvd + kvh * hd;
+        a.k_stride = a.v_stride = kvd;
+        a.n_kv = end - begin;
+        a.head_dim = hd;
+        a.scale = scale;
+        a.out = &c.s.att[tok * qd + h * hd];
+        a.scores = c.s.scores.data() + static_cast<int64_t>(t) * c.n_ctx;
+        fn(a);
+    };
+    c.compute.pool().run(ch.n * cfg.n_head, body);
+}
+
+void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
+                       GenerateResult& out) {
+    if (p.n < 1) throw std::invalid_argument("generate needs a prompt: the first token comes from its last position");
+    const Clock::time_point t0 = Clock::now();
+    out.tokens.clear();
+    // Never more tokens than the context can still hold: a huge budget must not become a huge
+    // reservation (the loop stops with "context_full" first).
+    out.tokens.reserve(static_cast<size_t>(std::clamp<int64_t>(max_new, 0, n_ctx_ - n_past_ + 1)));
+    out.n_prompt = p.n;
+    out.stop_reason = "max_tokens";
+    prefill(p, next_logits_.data(), false);
+    out.prefill_ms = ms_since(t0);
+    const Clock::time_point t1 = Clock::now();
+    for (int64_t i = 0; i < max_new; ++i) {
+        // Greedy: the first maximum wins ties, as torch.argmax does.
+        const int32_t next = static_cast<int32_t>(std::max_element(next_logits_.begin(), next_logits_.end()) - next_logits_.begin());
+        if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
+            out.stop_reason = "stop_token";
+            break;
+        }
+        out.tokens.push_back(next);
+        if (i + 1 == max_new) break;  // the budget is spent: no need to run the last token
+        if (cancelled()) {
+            out.stop_reason = "cancelled";
+            break;
+        }
+        if (max_ms > 0 && ms_since(t0) >= max_ms) {
+            out.stop_reason = "deadline";
+            break;
+        }
+        if (n_past_ + 1 > n_ctx_) {
+            out.stop_reason = "context_full";
+            break;
+        }
+        prefill(PromptInput{&next, 1}, next_logits_.data(), false);
+    }
+    out.decode_ms = ms_since(t1);
+}
+
+KVSnapshot Decoder::snapshot() const {
+    KVSnapshot s;
+    s.n_past = n_past_;
+    for (const LayerShape& sh : shapes_)
+        if (sh.kv_dim) {
+            ++s.n_layer;
+            s.kv_dim = sh.kv_dim;
+        }
+    const size_t per_layer = static_cast<size_t>(n_past_ * s.kv_dim);
+    s.k.resize(per_layer * static_cast<size_t>(s.n_layer));
+    s.v.resize(s.k.size());
+    s.recurrent = rec_;
+    size_t i = 0;
+    for (size_t l = 0; l < shapes_.size(); ++l) {
+        if (!shapes_[l].kv_dim) continue;
+        const float* k = kv_.data() + kv_at_[l];
+        std::memcpy(s.k.data() + i * per_layer, k, per_layer * sizeof(float));
+        std::memcpy(s.v.data() + i * per_layer, k + n_ctx_ * s.kv_dim, per_layer * sizeof(float));
+        ++i;
+    }
+    return s;
+}
+
+void Decoder::restore(const KVSnapshot& s) {
+    int64_t cached = 0;
+    bool uniform = true;
+    for (const LayerShape& sh : shapes_)
+        if (sh.kv_dim) {
+            ++cached;
+            uniform = uniform && sh.kv_dim == s.kv_dim;
+        }
+    const size_t per_layer = static_cast<size_t>(s.n_past * s.kv_dim);
+    if (s.n_layer != cached || !uniform || s.n_past < 0 || s.n_past > n_ctx_ ||
+        s.k.size() != per_layer * static_cast<size_t>(s.n_layer) || s.v.size() != s.k.size() ||
+        s.recurrent.size() != rec_.size())
+        throw std::invalid_argument("KV snapshot does not fit this model (layers, width or context differ)");
+    size_t i = 0;
+    for (size_t l = 0; l < shapes_.size(); ++l) {
+        if (!shapes_[l].kv_dim) continue;
+        float* k = kv_.data() + kv_at_[l];
+        std::memcpy(k, s.k.data() + i * per_layer, per_layer * sizeof(float));
+        std::memcpy(k + n_ctx_ * s.kv_dim, s.v.data() + i * per_layer, per_layer * sizeof(float));
+        ++i;
+    }
+    std::copy(s.recurrent.begin(), s.recurrent.end(), rec_.begin());
+    n_past_ = s.n_past;
+}
+
+std::string Decoder::variants() const {
+    const evk::OpTable& op = compute_.ops();
+    return arch_->variants() + "; output (" + evk::type_traits(output_.type)->name + "): decode=" + output_.decode.name +
+           " prefill=" + output_.prefill.name + "; attention=" + op.attention_variant + "; silu_mul=" +
+           op.silu_mul_variant + "; rmsnorm=" + op.rmsnorm_variant + "; rope=" + op.rope_variant + "; add=" +
+           op.add_variant;
+}
+
+}  // namespace evn

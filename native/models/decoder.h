@@ -1,0 +1,199 @@
+// The decoder skeleton every text architecture shares, read in the order of the paper:
+//   embed (token rows, image features at their slots) -> N x block -> final norm -> output head
+// plus the sequence state (a KV cache per attention layer, recurrent state per recurrent layer)
+// with snapshot/restore, and greedy generation. An architecture is only its block: one file under
+// native/models/ that implements DecoderArch, and one line in registry.h (see
+// docs/adding-an-architecture.md). Buffers are allocated once at load, the weights are views into
+// the mapped GGUF, and decoding a token allocates nothing.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../compute.h"
+#include "../gguf.h"
+
+namespace evn {
+
+// The hyperparameters every decoder family has, read from "<general.architecture>.*" keys.
+// A family's factory reads its own keys after these and may set the fields marked "family".
+struct DecoderConfig {
+    std::string arch;
+    int64_t n_vocab = 0, n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+    int64_t n_ctx_train = 0, rope_dims = 0;
+    float rms_eps = 1e-5f, rope_base = 10000.f, rope_scale = 1.f;  // positions are divided by rope_scale
+    bool tied_output = false;
+    float embd_scale = 1.f;  // family: token rows are multiplied by it (Gemma: sqrt(n_embd)); never image rows
+    int64_t q_dim() const { return n_head * head_dim; }
+    int64_t kv_dim() const { return n_head_kv * head_dim; }
+};
+
+// The KV cache of the first n_past positions, detached from the model: keys and values of every
+// layer that has a cache (all of one width, kv_dim), and the recurrent state of every layer that
+// carries one (empty for a decoder without recurrent layers).
+struct KVSnapshot {
+    int64_t n_past = 0;
+    int64_t n_layer = 0, kv_dim = 0;  // n_layer: layers with a KV cache
+    std::vector<float> k, v;          // [cached layer][pos][kv_dim]
+    std::vector<float> recurrent;     // [recurrent layer][its state], in layer order
+};
+
+struct GenerateResult {
+    std::vector<int32_t> tokens;  // generated ids, the stop token excluded
+    std::string stop_reason;      // "stop_token", "max_tokens", "deadline", "context_full", "cancelled"
+    double prefill_ms = 0, decode_ms = 0;
+    int64_t n_prompt = 0;
+};
+
+// What one prefill runs: n token ids, where the rows at `slots` (strictly increasing positions in
+// [0, n)) take rows of `features` (n_slots x n_embd floats: the image) instead of their token's
+// embedding. The ids at the slots are still checked against the vocabulary.
+struct PromptInput {
+    const int32_t* ids = nullptr;
+    int64_t n = 0;
+    const float* features = nullptr;
+    const int64_t* slots = nullptr;
+    int64_t n_slots = 0;
+};
+
+// What one layer keeps of the sequence, declared by its architecture: a KV cache of kv_dim floats
+// per position for K and for V (0: none), and `recurrent` floats of state carried from token to
+// token (0: none; Qwen3.5's linear-attention layers).
+struct LayerShape {
+    int64_t kv_dim = 0, recurrent = 0;
+};
+
+// One layer's part of the sequence state, as its block sees it: position p's key at k + p * kv_dim.
+struct LayerCache {
+    float* k = nullptr;
+    float* v = nullptr;
+    int64_t kv_dim = 0;
+    float* recurrent = nullptr;
+    int64_t recurrent_size = 0;
+};
+
+// The named buffers one chunk of tokens runs on (llama2.c's RunState), sized at load for n_batch
+// tokens. Row t of each belongs to the chunk's token t.
+struct RunState {
+    std::vector<float> x;        // [t][n_embd] the residual stream
+    std::vector<float> xb;       // [t][max(n_embd, q_dim)] a normed copy of x
+    std::vector<float> xb2;      // [t][n_embd] a block's output before the residual add
+    std::vector<float> q, k, v;  // [t][q_dim], [t][kv_dim], [t][kv_dim]
+    std::vector<float> att;      // [t][q_dim] attention output, head after head
+    std::vector<float> hb, hb2;  // [t][n_ff] feed-forward hidden
+    std::vector<float> rope_cs;  // [t][rope_dims] cos, sin of each pair at the token's position (rope_base)
+    std::vector<float> scores;   // [thread][n_ctx] attention scores
+};
+
+// The chunk a layer runs: n tokens at positions pos0 .. pos0 + n - 1. The phase (decode or prefill
+// kernels) is the whole call's, not the chunk's, so how a prompt is chunked never changes its numbers.
+struct Chunk {
+    int64_t n = 0, pos0 = 0;
+    evk::Phase phase = evk::kPrefill;
+};
+
+// What a block reaches while it runs.
+struct DecoderContext {
+    const DecoderConfig& cfg;
+    Compute& compute;
+    RunState& s;
+    int64_t n_ctx;
+};
+
+// Weights as an architecture loads them at construction: packed into the model's arena, the file's
+// rows given back when nothing reads them any more.
+class DecoderLoader {
+public:
+    DecoderLoader(const GGUFFile& f, PackArena& arena) : f_(f), arena_(arena) {}
+    const GGUFFile& file() const { return f_; }
+    Weight matrix(const std::string& name, int64_t cols, int64_t rows) const;
+    std::vector<float> vector(const std::string& name, int64_t n) const { return load_vector(f_, name, n); }
+
+private:
+    const GGUFFile& f_;
+    PackArena& arena_;
+};
+
+// A decoder architecture: its per-layer weights and what one layer does to the residual stream.
+class DecoderArch {
+public:
+    virtual ~DecoderArch() = default;
+    virtual LayerShape layer_shape(int64_t layer) const = 0;
+    // Once per chunk, before layer 0 (after the shared rope table of the chunk's positions is made):
+    // tables of the family's own (e.g. a second rope base for local layers).
+    virtual void begin_chunk(DecoderContext&, const Chunk&) const {}
+    // x += block(x) for the chunk's tokens in s.x; appends the layer's keys and values at positions
+    // pos0.. of its cache (or advances its recurrent state).
+    virtual void layer(DecoderContext& c, int64_t l, const Chunk& ch, const LayerCache& cache) const = 0;
+    virtual std::string variants() const = 0;  // which kernels serve the layers, for the log
+};
+
+// Shared steps a block is made of.
+// Causal attention of the chunk's queries (s.q) over the cache's positions [max(0, p - window + 1), p]
+// for the query at position p (window 0: every earlier position), grouped-query heads, into s.att.
+void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window = 0);
+// The chunk's keys and values (s.k, s.v) into the cache at positions pos0 ...
+void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch);
+
+class Decoder {
+public:
+    // Picks the architecture from general.architecture (registry.h); UnsupportedModel for one
+    // this engine does not run, GGUFError for a file that does not hold what the config says.
+    Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch);
+    ~Decoder();
+
+    const DecoderConfig& config() const { return cfg_; }
+    int64_t n_ctx() const { return n_ctx_; }
+    int64_t n_past() const { return n_past_; }
+    int threads() const { return compute_.threads(); }
+    void reset();  // an empty sequence: no positions, recurrent states zero
+
+    // Runs a prompt at positions n_past.. and appends it to the sequence state. logits: the last
+    // position's n_vocab floats, every position's (n * n_vocab) when all_logits, none when nullptr.
+    void prefill(const PromptInput& p, float* logits, bool all_logits);
+
+    // One request: prefill `p` on the sequence state as it stands (reset() or restore() sets it),
+    // then greedy decoding. Decoding starts from the logits of p's last position, computed by this
+    // call's own prefill (so p must hold at least one token): nothing but the sequence state carries
+    // over from one call to the next. max_ms <= 0 means no deadline; it bounds the whole call,
+    // prefill included.
+    void generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
+                  GenerateResult& out);
+
+    // Thread-safe, from any thread: a generate() running now or later stops before its next token
+    // with "cancelled" (for shutdown: a node stopping mid-answer). Sticky until cancel(false).
+    void cancel(bool on = true) { cancel_.store(on, std::memory_order_relaxed); }
+    bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+
+    KVSnapshot snapshot() const;
+    void restore(const KVSnapshot& s);  // std::invalid_argument when it does not fit this model
+
+    std::string variants() const;  // which kernel serves each operator, for the log
+
+private:
+    void embed(const PromptInput& p, int64_t c0, int64_t cn);  // rows c0 .. c0 + cn of p into s.x
+    void forward_chunk(const Chunk& ch, float* logits, bool all_logits);
+    LayerCache cache_of(int64_t layer);
+
+    std::shared_ptr<const GGUFFile> file_;
+    DecoderConfig cfg_;
+    int64_t n_ctx_, n_batch_;
+    Compute compute_;
+    PackArena arena_;  // the weights' packed copies
+    Weight tok_embd_, output_;
+    std::vector<float> output_norm_;
+    std::unique_ptr<DecoderArch> arch_;
+
+    RunState s_;
+    std::vector<LayerShape> shapes_;           // per layer
+    std::vector<int64_t> kv_at_, rec_at_;      // per layer: offset of its cache in kv_ (K; V follows), of its state in rec_
+    std::vector<float> kv_, rec_;              // the sequence state: every layer's K and V caches, recurrent states
+    std::vector<float> next_logits_;           // generate()'s own: written by its prefill and decode steps, read by it
+    int64_t n_past_ = 0;
+    std::atomic<bool> cancel_{false};
+};
+
+}  // namespace evn
