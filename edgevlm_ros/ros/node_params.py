@@ -42,7 +42,7 @@ RELIABILITIES = ("best_effort", "reliable")
 
 PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("model", "", "text model GGUF file (a path, or a name looked up in the model directories); "
-              "empty: the default model"),
+              "empty, and mmproj empty too: the embedded demo model; empty beside an mmproj: SmolLM2-135M-Instruct"),
     ParamSpec("mmproj", "", "vision tower GGUF file (llama.cpp's mmproj layout); empty: the embedded demo mmproj"),
     ParamSpec("system_prompt", "", "fixed system prompt; its KV cache is computed once and reused for every frame; "
               "empty: the model's default"),
