@@ -122,9 +122,8 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
 
 
 def test_the_install_runs_its_own_copy(install: Install) -> None:
-    out = subprocess.run([sys.executable, "-c", "import edgevlm_ros.engine.paths as p; print(p.package_dir()); "
-                          "print(p.checkout_root())"], env=install.env, cwd=install.tmp, capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "install_probe.py")],
+                         env=install.env, cwd=install.tmp, capture_output=True, text=True, timeout=60, check=True)
     package, root = out.stdout.split()
     assert Path(package) == install.prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" \
         / "site-packages" / PACKAGE
