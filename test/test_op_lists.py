@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgevlm_ros import _engine, tune
+from edgevlm_ros import _engine
+from edgevlm_ros.tools import tune
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
