@@ -230,3 +230,46 @@ def test_child_programs_are_modules() -> None:
     """The package and the tests start child Pythons as modules or files (`-m edgevlm_ros.ros.node`,
     `test/fault_node.py`), never as source kept in a string."""
     assert source_run_with_c(sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "test").glob("*.py"))) == []
+
+
+def unresolved_imports(package_dir: Path) -> list[str]:
+    """`from <relative> import name` statements (function-level ones included, which only fail when
+    called) whose module does not exist, or whose name is neither a submodule nor in its source."""
+    modules = _modules(package_dir)
+    bad: list[str] = []
+    for importer, path in modules.items():
+        if path is None:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            target = _resolve(importer, path.name == "__init__.py", node.level, node.module)
+            where = f"{path.relative_to(package_dir.parent)}:{node.lineno}"
+            if target not in modules:
+                bad.append(f"{where}: no module {target}")
+                continue
+            source = modules[target]
+            text = source.read_text(encoding="utf-8") if source is not None else ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" not in modules and alias.name not in text:
+                    bad.append(f"{where}: {target} has no {alias.name}")
+    return bad
+
+
+def test_a_relative_import_that_no_longer_resolves_is_found(tmp_path: Path) -> None:
+    pkg = _write_package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/engine/__init__.py": "",
+        "pkg/engine/paths.py": "ROOT = 1\n",
+        "pkg/demo/__init__.py": "",
+        "pkg/demo/model.py": "def f():\n    from .paths import ROOT\n    from ..engine.paths import HOME\n"
+                             "    from ..engine.paths import ROOT\n    return ROOT\n",
+    })
+    assert unresolved_imports(pkg) == ["pkg/demo/model.py:2: no module pkg.demo.paths",
+                                       "pkg/demo/model.py:3: pkg.engine.paths has no HOME"]
+
+
+def test_every_relative_import_resolves() -> None:
+    """A module moved to another layer keeps no import of its old neighbours (even inside a function)."""
+    assert unresolved_imports(PACKAGE) == []

@@ -254,7 +254,7 @@ def find_demo_text_model() -> Path | None:
 
 def _has_image_token(text_model: Path) -> bool:
     from .. import _engine
-    from .preprocess import IMAGE_TOKEN
+    from ..engine.preprocess import IMAGE_TOKEN
 
     return IMAGE_TOKEN in (_engine.GGUFFile(str(text_model)).metadata().get("tokenizer.ggml.tokens") or ())
 
