@@ -9,7 +9,6 @@
 
 #include "bindings_kernels.h"
 #include "gguf.h"
-#include "models/clip_vision.h"
 #include "models/registry.h"
 
 namespace py = pybind11;
@@ -168,7 +167,7 @@ PYBIND11_MODULE(_engine, m) {
         .def_readonly("n_past", &KVSnapshot::n_past)
         .def_readonly("n_layer", &KVSnapshot::n_layer)
         .def_readonly("kv_dim", &KVSnapshot::kv_dim)
-        .def_property_readonly("nbytes", [](const KVSnapshot& s) { return (s.k.size() + s.v.size()) * sizeof(float); })
+        .def_property_readonly("nbytes", [](const KVSnapshot& s) { return (s.k.size() + s.v.size() + s.recurrent.size()) * sizeof(float); })
         .def("arrays", [](const KVSnapshot& s) {
             auto copy = [&](const std::vector<float>& src) {
                 py::array_t<float> a({s.n_layer, s.n_past, s.kv_dim});
@@ -292,15 +291,15 @@ PYBIND11_MODULE(_engine, m) {
         .def("restore", [](Decoder& mdl, const KVSnapshot& s) { mdl.restore(s); });
     m.attr("LlamaModel") = m.attr("Decoder");  // the name of the days when llama was the only architecture
 
-    py::class_<ClipVisionModel>(m, "ClipVisionModel")
+    py::class_<VisionModel>(m, "VisionModel")
         .def(py::init([](std::shared_ptr<GGUFFile> f, int threads) {
                  if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
                  py::gil_scoped_release nogil;
-                 return std::make_unique<ClipVisionModel>(std::move(f), threads);
+                 return std::make_unique<VisionModel>(std::move(f), threads);
              }),
              py::arg("file"), py::arg("threads") = 1)
-        .def_property_readonly("config", [](const ClipVisionModel& mdl) {
-            const ClipVisionConfig& c = mdl.config();
+        .def_property_readonly("config", [](const VisionModel& mdl) {
+            const VisionConfig& c = mdl.config();
             py::dict d;
             d["projector"] = c.projector; d["image_size"] = c.image_size; d["patch_size"] = c.patch_size;
             d["n_embd"] = c.n_embd; d["n_ff"] = c.n_ff; d["n_layer"] = c.n_layer; d["n_head"] = c.n_head;
@@ -308,9 +307,9 @@ PYBIND11_MODULE(_engine, m) {
             d["tokens_per_tile"] = c.n_out(); d["ffn_swapped"] = mdl.ffn_swapped();
             return d;
         })
-        .def("variants", &ClipVisionModel::variants, "Which kernel variant serves each operator.")
-        .def("encode", [](ClipVisionModel& mdl, py::array_t<float, py::array::c_style | py::array::forcecast> pixels) {
-            const ClipVisionConfig& c = mdl.config();
+        .def("variants", &VisionModel::variants, "Which kernel variant serves each operator.")
+        .def("encode", [](VisionModel& mdl, py::array_t<float, py::array::c_style | py::array::forcecast> pixels) {
+            const VisionConfig& c = mdl.config();
             if (pixels.ndim() != 4 || pixels.shape(1) != 3 || pixels.shape(2) != c.image_size || pixels.shape(3) != c.image_size)
                 throw py::value_error("pixels must have shape (n_tiles, 3, " + std::to_string(c.image_size) + ", " +
                                       std::to_string(c.image_size) + ")");
@@ -326,4 +325,5 @@ PYBIND11_MODULE(_engine, m) {
             }
             return out;
         }, py::arg("pixels"), "Image-token embeddings for every tile, in order: (n_tiles * tokens_per_tile, proj_dim).");
+    m.attr("ClipVisionModel") = m.attr("VisionModel");  // the name of the days of one vision tower
 }

@@ -109,6 +109,17 @@ std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64
     return v;
 }
 
+void require_elements(const GGUFFile& f, const std::string& name, int64_t n) {
+    const TensorInfo* t = f.find_tensor(name);
+    if (!t) f.fail("tensor '" + name + "'", "missing");
+    if (t->nelements() != n) {
+        std::string shape;
+        for (int d = 0; d < t->n_dims; ++d) shape += (d ? ", " : "") + std::to_string(t->ne[d]);
+        f.fail("tensor '" + name + "'", "shape [" + shape + "] holds " + std::to_string(t->nelements()) +
+                                            " elements, the config needs " + std::to_string(n));
+    }
+}
+
 namespace {
 int decode_chunks_from_env() {
     const char* v = std::getenv("EDGEVLM_DECODE_CHUNKS");

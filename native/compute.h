@@ -79,6 +79,9 @@ void release_unused_rows(const GGUFFile& f, const Weight& w);
 // Looks up a 2-D tensor of the expected shape (cols = ne[0]) and a type with kernels.
 Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows,
                    WeightUse use = WeightUse::kBoth, PackArena* arena = nullptr);
+// GGUFError unless the tensor exists with exactly n elements: for a number from the config that
+// sizes an allocation, checked against the file before anything is allocated from it.
+void require_elements(const GGUFFile& f, const std::string& name, int64_t n);
 // Looks up a tensor of exactly n elements and converts it to owned floats (norms, biases).
 std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64_t n);
 

@@ -126,6 +126,31 @@ def test_loading_a_non_llama_or_broken_file_is_a_value_error(tmp_path: Path) -> 
         edgevlm_ros.load(tmp_path / "missing.gguf")
 
 
+def test_an_unknown_architecture_is_not_supported_and_not_a_bad_file(tmp_path: Path) -> None:
+    """The registry picks the decoder from general.architecture: a well-formed file of another one
+    (or an mmproj given as the text model) is refused as unsupported, naming what is, before any of
+    its keys is read; a text model given as the mmproj likewise."""
+    import gguf
+
+    from edgevlm_ros import _engine
+
+    for arch in ("gemma9", "clip"):
+        path = tmp_path / f"{arch}.gguf"
+        w = gguf.GGUFWriter(str(path), arch)
+        w.add_tensor("x", np.zeros(4, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(_engine.UnsupportedModelError,
+                           match=rf"general.architecture: '{arch}' is not supported as a text decoder "
+                                 r"\(supported: llama\)") as info:
+            _engine.Decoder(_engine.GGUFFile(str(path)))
+        assert "bad GGUF file" not in str(info.value) and isinstance(info.value, ValueError)
+    with pytest.raises(_engine.UnsupportedModelError, match="'gemma9' is not an mmproj"):
+        _engine.VisionModel(_engine.GGUFFile(str(tmp_path / "gemma9.gguf")))
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "edgevlm_ros.cli", *args], capture_output=True, text=True,

@@ -214,6 +214,19 @@ def test_prefix_cache_gives_identical_text(converted: dict, tmp_path: Path) -> N
     assert rebuilt.describe(rgb, max_new_tokens=10).token_ids == a.token_ids
 
 
+def test_the_prompt_is_rendered_and_tokenized_once_per_prompt(converted: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    vlm = _vlm(converted["f16"])
+    calls: list[str] = []
+    render = vlm._render
+    monkeypatch.setattr(vlm, "_render", lambda prompt: calls.append(prompt) or render(prompt))
+    rgb = _image(240, 320, seed=6)
+    first = vlm.describe(rgb, max_new_tokens=3)
+    again = vlm.describe(rgb, max_new_tokens=3)
+    assert calls == ["Describe what you see."] and first.token_ids == again.token_ids
+    vlm.describe(rgb, prompt="What is here?", max_new_tokens=3)
+    assert calls == ["Describe what you see.", "What is here?"]
+
+
 def test_mismatched_pair_is_refused(converted: dict, text_model_path: Path) -> None:
     with pytest.raises(ValueError, match="no <image> token"):
         _vlm((text_model_path, converted["f16"][1]))

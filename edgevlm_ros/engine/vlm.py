@@ -1,4 +1,4 @@
-"""A vision-language model: an mmproj (SigLIP tower + idefics3 connector) beside a text GGUF.
+"""A vision-language model: an mmproj (a vision tower + connector, e.g. SigLIP + idefics3) beside a text GGUF.
 
 One frame's way: preprocess (tiles, normalize) -> vision tower -> the one generation path
 (generation.generate: restore the fixed-prefix state, prefill the rest with the image embeddings at
@@ -39,7 +39,7 @@ class VisionLanguageModel:
         self.mmproj_path = resolve_model(mmproj, default=DEFAULT_MMPROJ)
         self.mmproj_file = _engine.GGUFFile(str(self.mmproj_path))
         self.mmproj_metadata: dict[str, Any] = self.mmproj_file.metadata()
-        self.vision = _engine.ClipVisionModel(self.mmproj_file, threads=self.text.native.threads)
+        self.vision = _engine.VisionModel(self.mmproj_file, threads=self.text.native.threads)
         log.info("%s: kernels %s (operator table: %s)", self.mmproj_path.name, self.vision.variants(),
                  _engine.optable_source())
         vcfg = self.vision.config

@@ -31,9 +31,16 @@ DecoderConfig read_config(const GGUFFile& f) {
     c.n_head = pos_int(a + "attention.head_count", 1024);
     c.n_head_kv = f.find(a + "attention.head_count_kv") ? pos_int(a + "attention.head_count_kv", 1024) : c.n_head;
     c.n_ctx_train = pos_int(a + "context_length", 1 << 24);
-    if (c.n_embd % c.n_head != 0) f.fail(a + "attention.head_count", "does not divide embedding_length");
     if (c.n_head % c.n_head_kv != 0) f.fail(a + "attention.head_count_kv", "does not divide head_count");
-    c.head_dim = c.n_embd / c.n_head;
+    // The head size: attention.key_length where the file gives it (Gemma 3: 256 for a width of
+    // 640), else the width split evenly over the heads.
+    if (f.find(a + "attention.key_length")) {
+        c.head_dim = pos_int(a + "attention.key_length", 1 << 12);
+        if (c.q_dim() > (1 << 18)) f.fail(a + "attention.key_length", "head_count x key_length is out of range");
+    } else {
+        if (c.n_embd % c.n_head != 0) f.fail(a + "attention.head_count", "does not divide embedding_length");
+        c.head_dim = c.n_embd / c.n_head;
+    }
     c.rope_dims = f.find(a + "rope.dimension_count") ? pos_int(a + "rope.dimension_count", 1 << 16) : c.head_dim;
     if (c.rope_dims > c.head_dim || c.rope_dims % 2 != 0) f.fail(a + "rope.dimension_count", "must be even and at most the head size");
     c.rms_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
@@ -79,7 +86,7 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
       compute_(n_threads, std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim()})) {
     const GGUFFile& f = *file_;
     const DecoderFactory make = find_decoder(f);
-    const DecoderLoader load(f, arena_);
+    const DecoderLoader load(f, arena_, n_batch_);
     const int64_t d = cfg_.n_embd;
     tok_embd_ = load.matrix("token_embd.weight", d, cfg_.n_vocab);
     output_ = cfg_.tied_output ? tok_embd_ : load.matrix("output.weight", d, cfg_.n_vocab);
@@ -195,12 +202,12 @@ void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
 }
 
 // Grouped-query attention for the chunk's queries; work items are (token, head) pairs.
-void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window) {
+void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window, float scale) {
     const DecoderConfig& cfg = c.cfg;
     const evk::AttentionFn fn = c.compute.ops().attention;
     const int64_t hd = cfg.head_dim, qd = cfg.q_dim(), kvd = cache.kv_dim;
     const int64_t group = cfg.n_head / cfg.n_head_kv;
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    if (scale == 0.f) scale = 1.f / std::sqrt(static_cast<float>(hd));
     auto body = [&](int64_t item, int t) {
         const int64_t tok = item / cfg.n_head, h = item % cfg.n_head, kvh = h / group;
         const int64_t end = ch.pos0 + tok + 1, begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;

@@ -107,14 +107,16 @@ struct DecoderContext {
 // rows given back when nothing reads them any more.
 class DecoderLoader {
 public:
-    DecoderLoader(const GGUFFile& f, PackArena& arena) : f_(f), arena_(arena) {}
+    DecoderLoader(const GGUFFile& f, PackArena& arena, int64_t n_batch) : f_(f), arena_(arena), n_batch_(n_batch) {}
     const GGUFFile& file() const { return f_; }
+    int64_t n_batch() const { return n_batch_; }  // tokens per chunk: for run-state buffers of a family's own
     Weight matrix(const std::string& name, int64_t cols, int64_t rows) const;
     std::vector<float> vector(const std::string& name, int64_t n) const { return load_vector(f_, name, n); }
 
 private:
     const GGUFFile& f_;
     PackArena& arena_;
+    int64_t n_batch_;
 };
 
 // A decoder architecture: its per-layer weights and what one layer does to the residual stream.
@@ -134,7 +136,9 @@ public:
 // Shared steps a block is made of.
 // Causal attention of the chunk's queries (s.q) over the cache's positions [max(0, p - window + 1), p]
 // for the query at position p (window 0: every earlier position), grouped-query heads, into s.att.
-void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window = 0);
+// scale 0: 1/sqrt(head_dim).
+void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window = 0,
+                      float scale = 0.f);
 // The chunk's keys and values (s.k, s.v) into the cache at positions pos0 ...
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch);
 

@@ -10,6 +10,7 @@ template <class Factory> struct Entry {
 };
 #define EVN_ENTRY(name, factory) {name, &factory},
 constexpr Entry<DecoderFactory> kDecoders[] = {EVN_DECODER_ARCHS(EVN_ENTRY)};
+constexpr Entry<VisionFactory> kVisions[] = {EVN_VISION_ARCHS(EVN_ENTRY)};
 #undef EVN_ENTRY
 
 // The factory registered under the file's value of `key`; UnsupportedModel naming the registered
@@ -29,5 +30,7 @@ Factory lookup(const Entry<Factory> (&entries)[N], const GGUFFile& f, const std:
 }  // namespace
 
 DecoderFactory find_decoder(const GGUFFile& f) { return lookup(kDecoders, f, "general.architecture", " as a text decoder"); }
+
+VisionFactory find_vision(const GGUFFile& f) { return lookup(kVisions, f, "clip.projector_type", ""); }
 
 }  // namespace evn

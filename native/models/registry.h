@@ -7,6 +7,7 @@
 #include <string>
 
 #include "decoder.h"
+#include "vision.h"
 
 namespace evn {
 
@@ -31,5 +32,21 @@ EVN_DECODER_ARCHS(EVN_DECLARE_FACTORY)
 
 // The factory of f's general.architecture; UnsupportedModel naming the supported ones otherwise.
 DecoderFactory find_decoder(const GGUFFile& f);
+
+// Vision towers + connectors: X(clip.projector_type, the factory's name), one file each
+// (make_idefics3 in idefics3.cpp, on the SigLIP tower of siglip.h).
+#define EVN_VISION_ARCHS(X) \
+    X("idefics3", make_idefics3)
+
+// Reads the connector's keys (setting cfg's connector fields), checks the tensors they size, and
+// builds the pair.
+using VisionFactory = std::unique_ptr<VisionArch> (*)(VisionConfig& cfg, const GGUFFile& f, PackArena& arena);
+
+#define EVN_DECLARE_FACTORY(name, factory) std::unique_ptr<VisionArch> factory(VisionConfig&, const GGUFFile&, PackArena&);
+EVN_VISION_ARCHS(EVN_DECLARE_FACTORY)
+#undef EVN_DECLARE_FACTORY
+
+// The factory of f's clip.projector_type; UnsupportedModel naming the supported ones otherwise.
+VisionFactory find_vision(const GGUFFile& f);
 
 }  // namespace evn

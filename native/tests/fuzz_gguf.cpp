@@ -7,7 +7,7 @@
 // engine opens model files, then:
 //   1. GGUFFile must load it or refuse it with GGUFError; nothing else may escape;
 //   2. every tensor's first and last byte and every metadata value is touched;
-//   3. Decoder (n_ctx 8) and ClipVisionModel are constructed from whatever loaded; each must
+//   3. Decoder (n_ctx 8) and VisionModel are constructed from whatever loaded; each must
 //      succeed or refuse with GGUFError (a bad file) or UnsupportedModel (an architecture the
 //      registry does not hold); their shape and key checks are fuzzed too;
 //   4. a model that was built runs once (one token, or one image tile of zeros), so the kernels
@@ -37,7 +37,6 @@
 
 #include "../gguf.h"
 #include "../mapped_file.h"
-#include "../models/clip_vision.h"
 #include "../models/registry.h"
 
 namespace evn {
@@ -127,13 +126,15 @@ void try_llama(const std::shared_ptr<const evn::GGUFFile>& f) {
 }
 
 void try_clip(const std::shared_ptr<const evn::GGUFFile>& f) {
-    std::unique_ptr<evn::ClipVisionModel> m;
+    std::unique_ptr<evn::VisionModel> m;
     try {
-        m = std::make_unique<evn::ClipVisionModel>(f, 1);
+        m = std::make_unique<evn::VisionModel>(f, 1);
     } catch (const evn::GGUFError&) {
         return;
+    } catch (const evn::UnsupportedModel&) {
+        return;
     }
-    const evn::ClipVisionConfig& c = m->config();
+    const evn::VisionConfig& c = m->config();
     // A model too big to encode quickly is still constructed (and so checked), not run.
     const int64_t np = c.n_patches(), d = c.n_embd;
     const int64_t work = np * (2 * np * d + d * (3 * c.patch_size * c.patch_size + 4 * d + 2 * c.n_ff)) * c.n_layer;

@@ -1,0 +1,59 @@
+// The vision skeleton: one tile of pixels in, image-token embeddings in the decoder's width out,
+//   vision tower (patches -> hidden states) -> connector (hidden states -> decoder tokens)
+// read from an mmproj GGUF in llama.cpp's layout (clip.* keys, v.* and mm.* tensors). The pair is
+// picked by clip.projector_type from the registry (registry.h): SigLIP + idefics3 today; a family
+// is one file (its connector, reusing a tower such as siglip.h) and one registration line.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../compute.h"
+#include "../gguf.h"
+
+namespace evn {
+
+struct VisionConfig {
+    std::string projector;                                                   // clip.projector_type
+    int64_t image_size = 0, patch_size = 0, n_embd = 0, n_ff = 0, n_layer = 0, n_head = 0;  // the tower
+    float eps = 1e-6f;
+    int64_t proj_dim = 0;      // the decoder's width, which the connector projects to
+    int64_t scale_factor = 1;  // the connector's spatial merge per side (1: none)
+    int64_t side() const { return image_size / patch_size; }  // patches per side
+    int64_t n_patches() const { return side() * side(); }
+    int64_t n_out() const { return n_patches() / (scale_factor * scale_factor); }  // tokens per tile
+};
+
+// A tower + connector pair: its weights, its activations, one tile's encoding.
+class VisionArch {
+public:
+    virtual ~VisionArch() = default;
+    // The widest input row any of its products reads (the compute scratch is sized from it).
+    virtual int64_t max_k() const = 0;
+    // pixels: one tile, channel-major [3][image_size][image_size], normalized; out: n_out rows of proj_dim.
+    virtual void encode(Compute& c, const float* pixels, float* out) = 0;
+    virtual std::string variants() const = 0;
+    virtual bool ffn_swapped() const { return false; }  // the mmproj names fc1 ffn_down (some published files)
+};
+
+class VisionModel {
+public:
+    // UnsupportedModel for a file that is not an mmproj or has a projector the registry lacks,
+    // GGUFError for one that does not hold what its config says.
+    VisionModel(std::shared_ptr<const GGUFFile> file, int n_threads);
+    ~VisionModel();
+    const VisionConfig& config() const { return cfg_; }
+    int threads() const { return compute_->threads(); }
+    bool ffn_swapped() const { return arch_->ffn_swapped(); }
+    std::string variants() const { return arch_->variants(); }
+    void encode(const float* pixels, float* out) { arch_->encode(*compute_, pixels, out); }
+
+private:
+    std::shared_ptr<const GGUFFile> file_;
+    VisionConfig cfg_;
+    PackArena arena_;  // the weights' packed copies (huge pages)
+    std::unique_ptr<VisionArch> arch_;
+    std::unique_ptr<Compute> compute_;  // made after the weights: its scratch is sized from them
+};
+
+}  // namespace evn
