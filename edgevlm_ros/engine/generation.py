@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import _engine
+from .latency import DECODE, DETOKENIZE, PREFILL, TOTAL
 
 
 @dataclass
@@ -94,10 +95,10 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     t2 = time.perf_counter()
     timings = {
         **(stages_ms or {}),
-        "prefill": r["prefill_ms"],
-        "decode": r["decode_ms"],
-        "detokenize": (t2 - t1) * 1e3,
-        "total": (t2 - t0) * 1e3,
+        PREFILL: r["prefill_ms"],
+        DECODE: r["decode_ms"],
+        DETOKENIZE: (t2 - t1) * 1e3,
+        TOTAL: (t2 - t0) * 1e3,
     }
     # The first generated token comes from the prefill's logits: decode ran n_gen - 1 steps.
     steps = max(len(r["tokens"]) - 1, 0)

@@ -15,24 +15,32 @@ from collections import deque
 
 __all__ = [
     "AGE",
+    "DECODE",
+    "DETOKENIZE",
     "FIRST_TOKEN_STAGES",
     "FRAME_STAGES",
+    "PREFILL",
+    "PREPROCESS",
     "REPORTED_STAGES",
     "TEXT_STAGES",
+    "TOKENIZE",
     "TOTAL",
+    "VISION",
     "LatencyWindow",
     "first_token_ms",
     "percentile",
 ]
 
-FRAME_STAGES = ("preprocess", "vision", "prefill", "decode", "detokenize")
-TEXT_STAGES = ("tokenize", "prefill", "decode", "detokenize")
+PREPROCESS, VISION, TOKENIZE = "preprocess", "vision", "tokenize"  # before the generation path
+PREFILL, DECODE, DETOKENIZE = "prefill", "decode", "detokenize"  # the generation path's own (generation.py)
+FRAME_STAGES = (PREPROCESS, VISION, PREFILL, DECODE, DETOKENIZE)
+TEXT_STAGES = (TOKENIZE, PREFILL, DECODE, DETOKENIZE)
 TOTAL = "total"
 # The detokenizer's fraction of a millisecond is left to TOTAL.
-REPORTED_STAGES = ("preprocess", "vision", "prefill", "decode", TOTAL)
+REPORTED_STAGES = (PREPROCESS, VISION, PREFILL, DECODE, TOTAL)
 AGE = "age"  # from the image's header stamp to the publication of its description
 # The first generated token comes from the prefill's logits: no decode step before it.
-FIRST_TOKEN_STAGES = ("preprocess", "vision", "prefill")
+FIRST_TOKEN_STAGES = (PREPROCESS, VISION, PREFILL)
 
 
 def first_token_ms(timings_ms: dict[str, float]) -> float:

@@ -16,6 +16,7 @@ from .. import _engine
 from . import optable, prefix_cache
 from .chat_template import render_chat
 from .generation import GenerationResult, PrefixState, generate
+from .latency import TOKENIZE
 from .paths import default_threads, resolve_model
 from .tokenizer import Tokenizer
 
@@ -127,7 +128,7 @@ class TextModel:
         ids = self.encode_prompt(prompt, raw=raw, system=system)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
         return generate(self.native, self.tokenizer, self.stop_ids, ids, max_new_tokens=max_new_tokens,
-                        deadline_ms=deadline_ms, t0=t0, stages_ms={"tokenize": tokenize_ms})
+                        deadline_ms=deadline_ms, t0=t0, stages_ms={TOKENIZE: tokenize_ms})
 
 def load(model: str | os.PathLike[str] | None = None, threads: int | None = None, n_ctx: int = 2048) -> TextModel:
     """Loads a GGUF text model (the default SmolLM2-135M-Instruct when model is None)."""

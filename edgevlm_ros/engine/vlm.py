@@ -17,6 +17,7 @@ import numpy as np
 from .. import _engine
 from .chat_template import render_chat
 from .generation import generate
+from .latency import PREPROCESS, VISION
 from .paths import resolve_model
 from .preprocess import IMAGE_TOKEN, PreprocessConfig, preprocess
 from .text_model import GenerationResult, PrefixState, TextModel
@@ -126,7 +127,7 @@ class VisionLanguageModel:
         features = self.vision.encode(image.pixel_values)
         t2 = time.perf_counter()
         prefix_ids, rest_ids = self.prompt_ids(prompt, image.rows, image.cols)
-        stages = {"preprocess": (t1 - t0) * 1e3, "vision": (t2 - t1) * 1e3}
+        stages = {PREPROCESS: (t1 - t0) * 1e3, VISION: (t2 - t1) * 1e3}
         result = generate(self.text.native, self.text.tokenizer, self.text.stop_ids, prefix_ids + rest_ids,
                           prefix=self.prefix, features=features, image_token_id=self.image_token_id,
                           max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages)
