@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A longer fuzzing campaign than the test suite's fixed-length runs (test/test_fuzz.py), over
 #   - the GGUF reader + llama / mmproj model loaders (libFuzzer, ASan + UBSan; native/tests/fuzz_gguf.cpp),
-#   - the prefix-cache file reader (atheris; edgevlm_ros/prefix_cache.py),
+#   - the prefix-cache file reader (atheris; edgevlm_ros/engine/prefix_cache.py),
 # both at once (one core each), seeded from test/fuzz_seeds. The corpora persist under build/fuzz/,
 # so a second campaign continues where the first stopped.
 #

@@ -1,4 +1,4 @@
-"""Prefix-cache files (edgevlm_ros/prefix_cache.py) as untrusted input (issue 7, item 5): a file is
+"""Prefix-cache files (edgevlm_ros/engine/prefix_cache.py) as untrusted input (issue 7, item 5): a file is
 checked (magic, size, header, version, key, hash) before any of it is used, a bad one is refused
 with the reason and rebuilt by the caller, and nothing in a file is ever unpickled or executed.
 

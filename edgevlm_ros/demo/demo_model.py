@@ -2,7 +2,7 @@
 
 The vision side, `edgevlm_ros/data/edgevlm-demo-mmproj-f16.gguf`, is trained by
 `tools/train_demo_vlm.py` (record beside it: `edgevlm-demo-mmproj.json`). It knows a synthetic
-world only (`edgevlm_ros.scenes`): shapes, colours, sizes, positions and counts.
+world only (`edgevlm_ros.demo.scenes`): shapes, colours, sizes, positions and counts.
 
 The text side is SmolLM2-135M-Instruct, frozen, exactly as downloaded (Q4_1; found like any model,
 see paths.py). That file has no `<image>` token, so `ensure_demo_text_model()` writes
