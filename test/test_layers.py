@@ -10,6 +10,7 @@ The checks run on small packages written to tmp_path first, to show they can fai
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,14 +71,18 @@ def _function_nodes(tree: ast.AST) -> set[int]:
     return inside
 
 
+def _parsed(package_dir: Path) -> Iterator[tuple[str, Path, ast.Module]]:
+    """(module name, source file, syntax tree) of every Python module of the package."""
+    for name, path in _modules(package_dir).items():
+        if path is not None:
+            yield name, path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
 def imports(package_dir: Path) -> list[Import]:
     """Every import statement of every module of the package, resolved to module names."""
     modules = _modules(package_dir)
     found: list[Import] = []
-    for name, path in modules.items():
-        if path is None:
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for name, path, tree in _parsed(package_dir):
         lazy = _function_nodes(tree)
         is_package = path.name == "__init__.py"
         for node in ast.walk(tree):
@@ -237,10 +242,7 @@ def unresolved_imports(package_dir: Path) -> list[str]:
     called) whose module does not exist, or whose name is neither a submodule nor in its source."""
     modules = _modules(package_dir)
     bad: list[str] = []
-    for importer, path in modules.items():
-        if path is None:
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for importer, path, tree in _parsed(package_dir):
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom) or node.level == 0:
                 continue
