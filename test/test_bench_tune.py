@@ -152,7 +152,7 @@ def test_tune_quick_writes_a_table_the_engine_uses(tmp_path, capsys, restore_opt
     assert _engine.optable_source() == str(out)
     first = _first_rules(text)
     available = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul" and v["available"]}
-    for fmt in tune.FORMATS:
+    for fmt in tune.weight_formats():
         for phase in ("decode", "prefill"):
             variant = first[(fmt, phase, "any")]
             assert variant in available
@@ -163,7 +163,7 @@ def test_tune_quick_writes_a_table_the_engine_uses(tmp_path, capsys, restore_opt
             block = [ln.split()[5] for ln in tuned.splitlines() if ln.split()[:4] == ["matmul", fmt, phase, "any"]]
             assert block[-1] == "ref" and "ref" not in block[:-1]
     # The matrix-free operators are measured too: each written fastest first, closed by the reference.
-    for op in ("attention", *tune.ELEMENTWISE_OPS):
+    for op in ("attention", *tune.elementwise_ops()):
         names = tune.op_candidates(op)
         assert f"  {op} " in printed or f"  {op} (" in printed, op
         block = [ln.split("#", 1)[0].split()[5] for ln in tuned.splitlines() if ln.split()[:1] == [op]]

@@ -77,9 +77,9 @@ def test_every_variant_lives_in_the_file_its_name_says(op: str, variant: str) ->
 
 
 def test_python_asks_the_extension_for_the_lists() -> None:
-    assert ("attention", *tune.ELEMENTWISE_OPS) == tuple(_engine.operators())
-    assert tune.FORMATS == tuple(_engine.weight_formats())
-    matmuls = {f"matmul/{f}/{p}" for f in tune.FORMATS for p in ("decode", "prefill")}
+    assert ("attention", *tune.elementwise_ops()) == tuple(_engine.operators())
+    assert tune.weight_formats() == tuple(_engine.weight_formats())
+    matmuls = {f"matmul/{f}/{p}" for f in tune.weight_formats() for p in ("decode", "prefill")}
     assert set(_engine.kernel_variants()) == matmuls | set(_engine.operators())
 
 

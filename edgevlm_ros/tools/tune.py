@@ -28,16 +28,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from .. import _engine
 from ..engine.argtypes import command_main, positive_int
 
-# The weight formats with kernels and the operators chosen once per process, as the extension
-# lists them (kernels/formats/, kernels/op_list.h): not repeated here.
-FORMATS = tuple(_engine.weight_formats())
 PREFILL_M = 64
 ATTN_KV, ATTN_DIM = 1024, 64
 
@@ -116,6 +113,8 @@ def random_weight(fmt: str, rows: int, k: int, rng: np.random.Generator) -> np.n
 
 
 def _row_bytes(fmt: str, k: int) -> int:
+    from .. import _engine
+
     return int(_engine.row_bytes(fmt, k))
 
 
@@ -149,7 +148,24 @@ def matmul_candidates(fmt: str) -> list[str]:
             if v["op"] == "matmul" and v["available"] and fmt in v["formats"]]
 
 
-ELEMENTWISE_OPS = tuple(op for op in _engine.operators() if op != "attention")
+# The weight formats with kernels and the operators, as the extension lists them (kernels/formats/,
+# kernels/op_list.h): not repeated here. Asked when needed, not at import: building the `edgevlm`
+# parser imports this module, and no other subcommand should load the extension for it.
+@cache
+def weight_formats() -> tuple[str, ...]:
+    from .. import _engine
+
+    return tuple(_engine.weight_formats())
+
+
+@cache
+def elementwise_ops() -> tuple[str, ...]:
+    """The matrix-free operators other than attention (softmax, norms, rope, ...)."""
+    from .. import _engine
+
+    return tuple(op for op in _engine.operators() if op != "attention")
+
+
 ELEMENTWISE_SHAPE = (64, 1024)
 ROPE_HEAD_DIM = 64  # rope: each row of ELEMENTWISE_SHAPE as heads of this size, all dims rotated
 
@@ -180,7 +196,7 @@ class TuneConfig:
     model: Path | None = None
     threads: int = 2
     out: Path | None = None
-    formats: tuple[str, ...] = FORMATS
+    formats: tuple[str, ...] = field(default_factory=weight_formats)
     repeats: int = 5
     decode_mib: float = 16.0
     prefill_m: int = PREFILL_M
@@ -259,7 +275,7 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
     cs = _engine.rope_angles(100.0, 10000.0, ROPE_HEAD_DIM)
     rope_heads = ELEMENTWISE_SHAPE[1] // ROPE_HEAD_DIM
     calls = 5 if cfg.quick else 50
-    for op in ELEMENTWISE_OPS:
+    for op in elementwise_ops():
         names = op_candidates(op)
         if not names:
             continue
@@ -414,10 +430,10 @@ def _cpu_name() -> str:
 
 def _formats(text: str) -> tuple[str, ...]:
     vals = tuple(x.strip().upper() for x in text.split(",") if x.strip())
-    bad = [v for v in vals if v not in FORMATS]
+    bad = [v for v in vals if v not in weight_formats()]
     if bad or not vals:
         raise argparse.ArgumentTypeError(
-            f"unknown format(s) {', '.join(bad) or text!r} (choose from {','.join(FORMATS)})")
+            f"unknown format(s) {', '.join(bad) or text!r} (choose from {','.join(weight_formats())})")
     return vals
 
 
@@ -427,8 +443,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--threads", type=positive_int, default=None, help="threads (default: cores, at most 8)")
     parser.add_argument("--out", default=None, help="table file (default: ~/.cache/edgevlm_ros/optable.tsv, "
                         "which the engine loads at start)")
-    parser.add_argument("--formats", type=_formats, default=FORMATS,
-                        help="weight formats (all: " + ",".join(FORMATS) + ")")
+    parser.add_argument("--formats", type=_formats, default=None,
+                        help="weight formats, comma-separated (default: every format the engine has kernels for)")
     parser.add_argument("--repeats", type=positive_int, default=None, help="timed rounds per shape (5)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 round: a smoke test, not a tuning")
     return parser
@@ -451,7 +467,7 @@ def run_tune(args: argparse.Namespace) -> int:
         model=model,
         threads=args.threads or default_threads(),
         out=Path(args.out) if args.out else None,
-        formats=tuple(args.formats),
+        formats=tuple(args.formats or weight_formats()),
         repeats=args.repeats or (1 if args.quick else 5),
         decode_mib=0.25 if args.quick else 16.0,
         prefill_m=8 if args.quick else PREFILL_M,
