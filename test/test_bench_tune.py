@@ -51,6 +51,8 @@ def _table_rows(text: str) -> list[list[str]]:
 
 def test_bench_quick_without_llama_cpp(tmp_path, monkeypatch, capsys, text_model_path):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now fails
+    # ...and llama.cpp's vision CLI, which the bench extra also installs into the venv, is not found.
+    monkeypatch.setattr(bench, "find_mtmd_cli", lambda explicit=None: None)
     out_json = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
     rc = bench.main(["--quick", "--model", str(text_model_path), "--json", str(out_json), "--png", str(png),
