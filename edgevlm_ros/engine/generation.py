@@ -7,9 +7,9 @@ Prompt): no embeddings or logits travel to Python and back.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -49,6 +49,26 @@ class PrefixState:
 
     token_ids: tuple[int, ...]
     snapshot: Any  # _engine.KVSnapshot, or None: no prefix kept
+
+
+V = TypeVar("V")
+
+
+class PromptCache(Generic[V]):
+    """Encoded prompts by key (prompt text, and whatever else decides the encoding): the chat template
+    is rendered and tokenized once per prompt, not once per request. A request loop asks one prompt or
+    a few; past `size` distinct keys the cache starts over, so memory stays bounded."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._items: dict[Hashable, V] = {}
+
+    def get(self, key: Hashable, encode: Callable[[], V]) -> V:
+        if key not in self._items:
+            if len(self._items) >= self.size:
+                self._items.clear()
+            self._items[key] = encode()
+        return self._items[key]
 
 
 def cached_length(ids: Sequence[int], prefix: PrefixState | None) -> int:

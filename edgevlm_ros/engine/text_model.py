@@ -15,13 +15,12 @@ import numpy as np
 from .. import _engine
 from . import optable, prefix_cache
 from .chat_template import render_chat
-from .generation import GenerationResult, PrefixState, generate
+from .generation import GenerationResult, PrefixState, PromptCache, generate
 from .latency import TOKENIZE
 from .paths import default_threads, resolve_model
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("edgevlm")
-PROMPT_CACHE_SIZE = 64  # distinct prompts kept encoded; the node asks one or a few
 
 
 class TextModel:
@@ -46,7 +45,7 @@ class TextModel:
         self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
         self.stop_ids: list[int] = sorted(self.tokenizer.eot_ids)
         # Rendered and tokenized prompts, by (prompt, raw, system): a prompt that repeats is encoded once.
-        self._encoded: dict[tuple[str, bool, str | None], tuple[int, ...]] = {}
+        self._encoded: PromptCache[tuple[int, ...]] = PromptCache()
 
     # -- prompts ---------------------------------------------------------------------------
     def chat_text(self, prompt: str, system: str | None = None) -> str:
@@ -59,15 +58,13 @@ class TextModel:
 
     def encode_prompt(self, prompt: str, raw: bool = False, system: str | None = None) -> list[int]:
         """Token ids of a prompt. raw: the text as it is (BOS only if the GGUF asks for one)."""
-        key = (prompt, raw, system)
-        if key not in self._encoded:
-            if len(self._encoded) >= PROMPT_CACHE_SIZE:
-                self._encoded.clear()
+        def encode() -> tuple[int, ...]:
             # The template writes any BOS it wants itself, so none is added on top.
-            ids = self.tokenizer.encode(prompt) if raw else self.tokenizer.encode(self.chat_text(prompt, system),
-                                                                                   add_bos=False)
-            self._encoded[key] = tuple(ids)
-        return list(self._encoded[key])
+            if raw:
+                return tuple(self.tokenizer.encode(prompt))
+            return tuple(self.tokenizer.encode(self.chat_text(prompt, system), add_bos=False))
+
+        return list(self._encoded.get((prompt, raw, system), encode))
 
     def _token_text(self, token_id: int | None) -> str:
         return self.tokenizer.id_to_token(token_id) if token_id is not None else ""

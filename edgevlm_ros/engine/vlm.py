@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _engine
 from .chat_template import render_chat
-from .generation import generate
+from .generation import PromptCache, generate
 from .latency import PREPROCESS, VISION
 from .paths import resolve_model
 from .preprocess import IMAGE_TOKEN, PreprocessConfig, preprocess
@@ -26,7 +26,6 @@ DEFAULT_PROMPT = "Describe what you see."
 DEFAULT_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 
 log = logging.getLogger("edgevlm")
-PROMPT_CACHE_SIZE = 64  # (prompt, tile grid) pairs kept encoded
 
 
 class VisionLanguageModel:
@@ -62,7 +61,7 @@ class VisionLanguageModel:
         self.system_prompt = system_prompt
         # (prefix ids, the rest) by (prompt, rows, cols): the template is rendered and tokenized
         # once per prompt (and tile grid), not once per frame.
-        self._prompt_parts: dict[tuple[str, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._prompt_parts: PromptCache[tuple[tuple[int, ...], tuple[int, ...]]] = PromptCache()
         # The fixed prefix is everything before the image: it depends on the system prompt only,
         # because the image comes first in the user turn.
         self.prefix_text = self._render(DEFAULT_PROMPT).split(IMAGE_TOKEN, 1)[0]
@@ -97,18 +96,16 @@ class VisionLanguageModel:
         """(prefix ids, the rest) for a prompt whose image expands to a rows x cols grid."""
         from .preprocess import expand_image_prompt
 
-        key = (prompt, rows, cols)
-        if key not in self._prompt_parts:
-            if len(self._prompt_parts) >= PROMPT_CACHE_SIZE:
-                self._prompt_parts.clear()
+        def encode() -> tuple[tuple[int, ...], tuple[int, ...]]:
             before, after = self._render(prompt).split(IMAGE_TOKEN, 1)
             tok = self.text.tokenizer
             image = expand_image_prompt(rows, cols, self.preprocess_config.image_seq_len)
             rest = tok.encode(image + after, add_bos=False)
             kept = before == self.prefix_text and self.prefix.snapshot is not None
             pre = self.prefix.token_ids if kept else tok.encode(before, add_bos=False)
-            self._prompt_parts[key] = (tuple(pre), tuple(rest))
-        pre, rest = self._prompt_parts[key]
+            return tuple(pre), tuple(rest)
+
+        pre, rest = self._prompt_parts.get((prompt, rows, cols), encode)
         return list(pre), list(rest)
 
     def cancel(self) -> None:
