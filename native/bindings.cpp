@@ -289,7 +289,6 @@ PYBIND11_MODULE(_engine, m) {
              "(sticky until cancel(False)).")
         .def("snapshot", [](const Decoder& mdl) { return std::make_shared<KVSnapshot>(mdl.snapshot()); })
         .def("restore", [](Decoder& mdl, const KVSnapshot& s) { mdl.restore(s); });
-    m.attr("LlamaModel") = m.attr("Decoder");  // the name of the days when llama was the only architecture
 
     py::class_<VisionModel>(m, "VisionModel")
         .def(py::init([](std::shared_ptr<GGUFFile> f, int threads) {
@@ -325,5 +324,4 @@ PYBIND11_MODULE(_engine, m) {
             }
             return out;
         }, py::arg("pixels"), "Image-token embeddings for every tile, in order: (n_tiles * tokens_per_tile, proj_dim).");
-    m.attr("ClipVisionModel") = m.attr("VisionModel");  // the name of the days of one vision tower
 }

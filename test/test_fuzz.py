@@ -3,7 +3,7 @@ scripts/fuzz_long.sh; its figures are in docs/reliability/fuzzing.md).
 
 - GGUF and mmproj: native/tests/fuzz_gguf.cpp, a libFuzzer harness built with clang
   -fsanitize=fuzzer,address,undefined from the extension's own sources (buildinfo.py). Each input
-  goes through the GGUF reader, then LlamaModel and ClipVisionModel construction and one forward
+  goes through the GGUF reader, then Decoder and VisionModel construction and one forward
   step of whatever builds: each must load or refuse with GGUFError, with no sanitizer report.
 - Prefix-cache files: edgevlm_ros.engine.prefix_cache.load under atheris (libFuzzer for Python): it must
   return or raise PrefixCacheError (a ValueError), nothing else.
@@ -340,10 +340,10 @@ def test_seeds_are_small_and_the_valid_ones_build_models() -> None:
     # The model seeds stay useful only while they pass the model checks: a seed the loaders
     # refuse would leave the model-building code unreached by every mutation.
     for name in ("llama_tiny.gguf", "llama_tiny_tied_linear_rope.gguf"):
-        m = _engine.LlamaModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1, n_ctx=8)
+        m = _engine.Decoder(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1, n_ctx=8)
         assert m.config["n_layer"] == 2
     for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
-        _engine.ClipVisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
+        _engine.VisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
     for p in _seed_files("prefix_cache"):
         if p.suffix == ".evkv":
             ids, _snap = prefix_cache.load(p, FUZZ_KEY)

@@ -143,11 +143,11 @@ def test_inner_tiny_models_from_the_fuzz_seeds() -> None:
 
     seeds = ROOT / "test" / "fuzz_seeds" / "gguf"
     for name in ("llama_tiny.gguf", "llama_tiny_tied_linear_rope.gguf"):
-        m = _engine.LlamaModel(_engine.GGUFFile(str(seeds / name)), threads=2, n_ctx=16)
+        m = _engine.Decoder(_engine.GGUFFile(str(seeds / name)), threads=2, n_ctx=16)
         m.generate(np.arange(5, dtype=np.int32), 8, [])
         assert np.isfinite(m.forward(np.array([1, 2, 3], dtype=np.int32), True)).all()
     for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
-        v = _engine.ClipVisionModel(_engine.GGUFFile(str(seeds / name)), threads=2)
+        v = _engine.VisionModel(_engine.GGUFFile(str(seeds / name)), threads=2)
         size = v.config["image_size"]
         out = v.encode(np.random.default_rng(0).standard_normal((1, 3, size, size)).astype(np.float32))
         assert np.isfinite(out).all()
@@ -165,10 +165,10 @@ def test_inner_fuzz_regressions_are_refused_or_load() -> None:
         except ValueError:
             continue
         try:
-            _engine.LlamaModel(f, threads=1, n_ctx=8)
+            _engine.Decoder(f, threads=1, n_ctx=8)
         except ValueError:
             pass
         try:
-            _engine.ClipVisionModel(f, threads=1)
+            _engine.VisionModel(f, threads=1)
         except ValueError:
             pass

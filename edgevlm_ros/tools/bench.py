@@ -805,7 +805,7 @@ def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
     except (RuntimeError, ValueError, OSError, ImportError) as exc:
         row.note = f"skipped: {exc}"
         return row
-    vis = _engine.ClipVisionModel(_engine.GGUFFile(str(mmproj)), threads=cfg.threads)
+    vis = _engine.VisionModel(_engine.GGUFFile(str(mmproj)), threads=cfg.threads)
     vcfg = vis.config
     size = int(vcfg["image_size"])
     row.label = f"vision encode, one {size}x{size} tile"

@@ -1,6 +1,6 @@
 // Microbenchmark of the exp-based element-wise variants against the reference, on the vision
 // tower's shapes: softmax over 256 rows of 1024 scores (one query block of one head, 1 MiB, as
-// ClipVisionModel::attention runs it), gelu_tanh over 1024 x 3072 (the MLP activation, 12 MiB),
+// the vision tower's self-attention runs it), gelu_tanh over 1024 x 3072 (the MLP activation, 12 MiB),
 // silu_mul over 512 x 1536 (a text prefill's FFN gate). Thread CPU time, best of --reps runs, so
 // time the thread was descheduled on a shared machine does not count. Build (with the extension's
 // code-generation flags, setup.py) and run, from the repository root:

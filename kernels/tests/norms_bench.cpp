@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
             const std::string what = "add+rmsnorm " + std::to_string(rows) + " x 576";
             ab(what.c_str(), reps, rows == 1 ? 2000 : 50, "unfused", "fused", nothing, unfused, fused, rows * d * 20.0, rows * d * 5.0);
         }
-        // vision residual: x += h, layernorm(x) row by row (as ClipVisionModel's residual) against the fusion.
+        // vision residual: x += h, layernorm(x) row by row (as the SigLIP tower's residual_norm) against the fusion.
         {
             const int64_t d = 768, tokens = 1024;
             std::vector<float> x = randv(tokens * d, 1.f, 0.f);
