@@ -664,6 +664,50 @@ def test_hostile_sentencepiece_metadata_is_one_clear_error(case: str) -> None:
         Tokenizer.from_gguf_metadata(meta)
 
 
+def _toy_file(tmp_path: Path, **arrays: tuple[int, list[object]]) -> Meta:
+    """The toy vocabulary written as a GGUF file (arrays replaced by `arrays`), read by our reader."""
+    from gguf_builder import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, GGUFBuilder
+
+    from edgevlm_ros import _engine
+
+    meta = _toy_spm(_ABC)
+    builder = GGUFBuilder().add("general.architecture", STRING, "llama")
+    builder.add("tokenizer.ggml.model", STRING, "llama")
+    builder.add("tokenizer.ggml.add_space_prefix", BOOL, False)
+    builder.add("tokenizer.ggml.bos_token_id", UINT32, 2)
+    tables = {
+        "tokens": (STRING, meta["tokenizer.ggml.tokens"]),
+        "scores": (FLOAT32, meta["tokenizer.ggml.scores"]),
+        "token_type": (INT32, meta["tokenizer.ggml.token_type"]),
+    }
+    for name, (etype, items) in {**tables, **arrays}.items():
+        builder.add(f"tokenizer.ggml.{name}", ARRAY, (etype, items))
+    path = tmp_path / "toy.gguf"
+    path.write_bytes(builder.build())
+    return _engine.GGUFFile(str(path)).metadata()
+
+
+def test_hostile_sentencepiece_file_is_one_clear_error(tmp_path: Path) -> None:
+    # The same checks on values as a GGUF file carries them, through our reader (float32 NaN,
+    # tables of the wrong element type).
+    from gguf_builder import FLOAT32, INT32, STRING
+
+    assert _pieces(Tokenizer.from_gguf_metadata(_toy_file(tmp_path)), "abc") == ["ab", "c"]
+    nan = [*_TOY_SCORES[:-1], float("nan")]
+    cases: list[tuple[dict[str, tuple[int, list[object]]], str]] = [
+        ({"scores": (FLOAT32, nan)}, "is not a finite number"),
+        ({"scores": (FLOAT32, _TOY_SCORES[:5])}, f"5 entries for {_N_TOY} tokens"),
+        ({"scores": (STRING, [str(x) for x in _TOY_SCORES])}, r"scores\[0\] = '-1000.0' is not a finite number"),
+        ({"tokens": (INT32, list(range(_N_TOY)))}, "non-empty array of strings"),
+        ({"tokens": (STRING, [])}, "non-empty array of strings"),
+        ({"token_type": (FLOAT32, [6.0] * _N_TOY)}, r"token_type\[0\] = 6.0 is not an integer"),
+        ({"tokens": (STRING, _toy_tokens({_BYTE_0X41: "<0xZZ>"}))}, "'<0xZZ>', not '<0xNN>'"),
+    ]
+    for arrays, message in cases:
+        with pytest.raises(ValueError, match=message):
+            Tokenizer.from_gguf_metadata(_toy_file(tmp_path, **arrays))
+
+
 def test_the_toy_vocabulary_itself_loads() -> None:
     # The hostile cases above are this vocabulary with one thing broken.
     assert Tokenizer.from_gguf_metadata(_toy_spm(_ABC)).vocab_size == _N_TOY
@@ -800,19 +844,23 @@ def test_gemma_encode_matches_transformers(gemma: Tokenizer, gemma_hf: Any, gemm
 
 
 @needs_gemma
-def test_gemma_decode_round_trip(
-    gemma: Tokenizer, gemma_hf: Any, gemma_llama: Any, gemma_cases: list[str]
-) -> None:
+def test_gemma_decode_round_trip(gemma: Tokenizer, gemma_hf: Any, gemma_cases: list[str]) -> None:
     backend = gemma_hf.backend_tokenizer
     for text in gemma_cases:
         ids = gemma.encode(text)
         # Byte fallback loses nothing; only a literal "▁" comes back as the space it stands for in
-        # SentencePiece (llama.cpp's and transformers' decoders do the same, checked below).
+        # SentencePiece (llama.cpp's and transformers' decoders do the same, checked here and below).
         assert ids[0] == gemma.bos_id and gemma.decode(ids[1:]) == text.replace("\u2581", " "), text[:60]
-        assert gemma.decode(ids).encode("utf-8") == gemma_llama.detokenize(ids, special=True), text[:60]
         for skip in (False, True):
             assert gemma.decode(ids, skip_special=skip) == backend.decode(ids, skip_special_tokens=skip), text[:60]
         assert "".join(_stream(gemma, ids)) == gemma.decode(ids)
+
+
+@needs_gemma
+def test_gemma_decode_matches_llama_cpp(gemma: Tokenizer, gemma_llama: Any, gemma_cases: list[str]) -> None:
+    for text in gemma_cases:
+        ids = gemma.encode(text)
+        assert gemma.decode(ids).encode("utf-8") == gemma_llama.detokenize(ids, special=True), text[:60]
 
 
 @needs_gemma

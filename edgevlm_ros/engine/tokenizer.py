@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -182,9 +183,9 @@ def _parse_types(meta: Mapping[str, Any], n_tokens: int) -> list[int]:
     if len(types) != n_tokens:
         raise ValueError(f"GGUF tokenizer.ggml.token_type has {len(types)} entries for {n_tokens} tokens")
     for i, t in enumerate(types):
-        if isinstance(t, bool) or not isinstance(t, int):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise ValueError(f"GGUF tokenizer.ggml.token_type[{i}] = {t!r} is not an integer")
-    return list(types)
+    return [int(t) for t in types]
 
 
 def _parse_scores(meta: Mapping[str, Any], n_tokens: int) -> list[float]:
@@ -192,7 +193,7 @@ def _parse_scores(meta: Mapping[str, Any], n_tokens: int) -> list[float]:
     if len(scores) != n_tokens:
         raise ValueError(f"GGUF tokenizer.ggml.scores has {len(scores)} entries for {n_tokens} tokens")
     for i, score in enumerate(scores):
-        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+        if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
             raise ValueError(f"GGUF tokenizer.ggml.scores[{i}] = {score!r} is not a finite number")
     return [float(score) for score in scores]
 
@@ -220,10 +221,11 @@ def _spm_merges(vocab: _Vocab, ids: Mapping[str, int]) -> list[tuple[str, str]]:
 
     SentencePiece (and llama.cpp) merge the adjacent pair whose joined piece has the highest score,
     the leftmost on a tie; a BPE merge list ranked by the joined piece's score makes the same choice
-    at every step. Only tokens reachable from plain text are merge results: matched tokens (control,
-    user-defined) are cut out of the text before merging. Equal scores keep the file's order, and
-    the splits of one piece go shorter left part first, which is the leftmost pick for the one case
-    where two splits of a piece can compete (a run of one repeated character).
+    at every step, with one exception: BPE ranks the splits of one piece apart, so where two splits
+    of the same piece compete side by side ("xx"+"x" next to "x"+"xx", inside a run of one repeated
+    unit) it takes the better-ranked split (here the shorter left part) rather than the leftmost.
+    Only tokens reachable from plain text are merge results: matched tokens (control, user-defined)
+    are cut out of the text before merging. Equal scores keep the file's order.
     """
     tokens, scores = vocab.tokens, vocab.scores
     results = (i for i, t in enumerate(vocab.types) if t not in _MATCHED_TYPES and len(tokens[i]) > 1)
