@@ -756,7 +756,7 @@ def test_writer_refuses_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs its shape"):
         w.add_tensor("lazy", lambda: np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="unknown tensor type"):
-        w.add_tensor("t", np.zeros(32, np.float32), "q5_k")
+        w.add_tensor("t", np.zeros(32, np.float32), "q7_k")  # q5_k became a real format (Q5_K)
     w.add_tensor("liar", lambda: np.zeros((2, 32), np.float32), "f32", shape=(3, 32))
     with pytest.raises(ValueError, match="not the declared"):
         w.write(tmp_path / "bad.gguf")
