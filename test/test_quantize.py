@@ -11,6 +11,7 @@ K-quant mixes fall back to Q5_0 / Q5_1 / Q8_0 for every 576-wide row and keep K-
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -239,8 +240,19 @@ def test_q8_0_file_generates_in_llama_cpp(q8_file: Path, engine: Any) -> None:
     _llama_cpp_generates(q8_file, engine.encode_prompt("What is a robot?"))
 
 
+# The K-quant reference quantizers search scales per sub-block: SmolLM2 to Q4_K_M takes ~10 s idle
+# (35 s on a loaded 2-core machine), so the default run writes Q4_K_M only; Q5_K_M with this set.
+ALL_MIXES = os.environ.get("EDGEVLM_TEST_ALL_MIXES") == "1"
+# top-1 vs the Q4_1 source over the 6 prompts (235 positions), measured 2026-12-01: Q4_K_M 93.6%
+# (llama.cpp's own Q4_K_M of the same file, in our engine: 90.6%), Q5_K_M 83.8% (llama.cpp's: 83.4%;
+# a Q4_1 grid requantized to Q5_1's 31 steps per block rounds most of its values). The floors sit
+# below those figures: a wrong layout or scale gives chance agreement, a few percent.
+MIN_TOP1 = {"q4_k_m": 0.90, "q5_k_m": 0.80}
+
+
 @needs_k_quants
-@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m"])
+@pytest.mark.parametrize("mix", ["q4_k_m", pytest.param("q5_k_m", marks=pytest.mark.skipif(
+    not ALL_MIXES, reason="EDGEVLM_TEST_ALL_MIXES=1 also writes and checks Q5_K_M (~35 s more)"))])
 def test_k_quant_mix_file_loads_and_generates(tmp_path: Path, engine: Any, mix: str) -> None:
     import edgevlm_ros
 
@@ -249,11 +261,13 @@ def test_k_quant_mix_file_loads_and_generates(tmp_path: Path, engine: Any, mix: 
     assert _types(r.path) == {k: t.name for k, t in plan_types(_specs(TEXT_MODEL), mix, 30).items()}
     assert _engine.GGUFFile(str(r.path)).metadata()["general.file_type"] == FTYPES[mix]
     model = edgevlm_ros.load(r.path, threads=2)
-    n, agree, gaps = _top1(engine, model)
-    print(f"\n{mix.upper()} vs Q4_1 source: top-1 {agree}/{n} = {agree / n:.1%}; {r.nbytes / 1e6:.1f} MB")
+    n, agree, _ = _top1(engine, model)
+    print(f"\n{mix.upper()} vs Q4_1 source: top-1 {agree}/{n} = {agree / n:.1%}; {r.nbytes / 1e6:.1f} MB "
+          f"(source {r.input_bytes / 1e6:.1f} MB)")
+    assert agree / n >= MIN_TOP1[mix]
     assert model.generate("What is a robot?", max_new_tokens=12).token_ids
     if llama_cpp is not None:
-        _llama_cpp_generates(r.path, engine.encode_prompt("What is a robot?"))
+        _llama_cpp_generates(r.path, engine.encode_prompt("What is a robot?"), n=4)
 
 
 # -- refusals ---------------------------------------------------------------------------------------
