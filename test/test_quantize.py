@@ -270,6 +270,26 @@ def test_k_quant_mix_file_loads_and_generates(tmp_path: Path, engine: Any, mix: 
         _llama_cpp_generates(r.path, engine.encode_prompt("What is a robot?"), n=4)
 
 
+@needs_llama_cpp
+@pytest.mark.skipif(not GEMMA.exists(), reason=f"{GEMMA.name} is missing: scripts/setup.sh fetches it")
+def test_gemma_k_quant_file_requantized_to_q8_0(tmp_path: Path) -> None:
+    # A K-quant input (Q4_K, Q5_0, Q6_K, Q8_0 tensors) read through the engine's dequantizers: every
+    # matrix becomes Q8_0, the Q8_0 tied head is copied as it is, and llama.cpp continues a prompt
+    # with the source's greedy tokens (checked 2026-12-01: " a machine that can perform a specific task").
+    r = quantize(GEMMA, tmp_path / "gemma-q8_0.gguf", "q8_0")
+    assert Counter(t.name for t in r.types.values()) == {"F32": 109, "Q8_0": 127}
+    src_raw, raw = GEMMA.read_bytes(), r.path.read_bytes()
+    a = next(t for t in _engine.GGUFFile(str(GEMMA)).tensors() if t["name"] == "token_embd.weight")
+    b = next(t for t in _engine.GGUFFile(str(r.path)).tensors() if t["name"] == "token_embd.weight")
+    assert src_raw[a["offset"]:a["offset"] + a["nbytes"]] == raw[b["offset"]:b["offset"] + b["nbytes"]]
+
+    def greedy(path: Path) -> list[int]:
+        llm = llama_cpp.Llama(str(path), n_ctx=128, n_threads=1, n_threads_batch=1, verbose=False)
+        return [t for _, t in zip(range(8), llm.generate(llm.tokenize(b"A robot is"), temp=0.0), strict=False)]
+
+    assert greedy(r.path) == greedy(GEMMA)
+
+
 # -- refusals ---------------------------------------------------------------------------------------
 
 
