@@ -44,6 +44,9 @@ void matmul_avx2_q8act(const MatmulArgs&);
 void matmul_avx2_q8act_x8(const MatmulArgs&);
 void matmul_avxvnni_q8act_x8(const MatmulArgs&);
 void matmul_avx512vnni_q8act_x8(const MatmulArgs&);
+void matmul_avx2_q8act_k(const MatmulArgs&);
+void matmul_avxvnni_q8act_k(const MatmulArgs&);
+void matmul_avx512vnni_q8act_k(const MatmulArgs&);
 void matmul_avx512_gemm(const MatmulArgs&);
 void matmul_amx_gemm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
@@ -191,6 +194,8 @@ struct Variant {
 // A registry entry's name and kernel from (operator, variant): the function is always
 // <operator>_<variant>, defined in kernels/<folder>/<folder>_<isa>*.cpp (test_kernels checks the file).
 #define EVK_V(op, variant) #variant, of::op(op##_##variant)
+// The formats of the K-quant decode kernels (kernels/matmul/kquant_avx2.h), in a brace list.
+#define EVK_KQUANT_FORMATS DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K
 
 // Every computable format: the variants that read weight rows through dequantize_row run them all.
 std::vector<DType> dequantized_formats() {
@@ -223,10 +228,13 @@ const std::vector<Variant>& registry() {
         {EVK_V(matmul, amx_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0},
          "amxbf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c", nullptr, WLayout::kX8, &kPackP16, &kActBf16x2, 32},
         {EVK_V(matmul, avx2_q8act), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
-        {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
+        {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0}, "avx2,fma,f16c", &kPackX8},
+        {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
         {EVK_V(matmul, avx512vnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0},
          "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackX8},
+        {EVK_V(matmul, avx2_q8act_k), {EVK_KQUANT_FORMATS}, "avx2,fma,f16c"},
+        {EVK_V(matmul, avxvnni_q8act_k), {EVK_KQUANT_FORMATS}, "avx2,fma,f16c,avxvnni"},
+        {EVK_V(matmul, avx512vnni_q8act_k), {EVK_KQUANT_FORMATS}, "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"},
         {EVK_V(attention, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(softmax, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(gelu_tanh, avx2), {}, "avx2,fma,f16c"},
@@ -240,6 +248,7 @@ const std::vector<Variant>& registry() {
     return v;
 }
 #undef EVK_V
+#undef EVK_KQUANT_FORMATS
 
 bool is_table_op(const std::string& op) {
     for (const std::string& n : table_operators()) if (n == op) return true;
