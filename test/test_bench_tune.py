@@ -359,17 +359,26 @@ def test_bench_robot_profile_quick(capsys, monkeypatch, tmp_path, text_model_pat
     assert "floor binds" in captured.err and "profile robot" in captured.err
 
 
-def test_bench_optable_file_option(capsys, tmp_path, text_model_path, restore_optable):
-    """--optable FILE: our engine runs that table (here: the reference for every matrix product)."""
-    table = tmp_path / "ref.tsv"
-    table.write_text("# the reference only; every product\nmatmul  *  *  any  -  ref\n", encoding="utf-8")
-    rc = bench.main(["--quick", "--model", str(text_model_path), "--optable", str(table), "--no-peer", "--no-vision",
-                     "--no-rss", "--prefill-tokens", "4", "--decode-tokens", "2", "--bandwidth-mib", "8", "--json"])
-    assert rc == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["optable"] == str(table)
-    used = result["ours_variants"]
-    assert "decode=ref prefill=ref" in used and "q8act" not in used and "gemm" not in used, used
+def test_bench_optable_file_option(tmp_path, text_model_path, restore_optable):
+    """--optable FILE: our engine runs that table (here: AVX2 f32-activation kernels for every
+    product, which no built-in rule picks for these formats), over the profile's."""
+    import argparse
+
+    if not _engine.cpu_features()["avx2"]:
+        pytest.skip("needs an AVX2 CPU")
+    table = tmp_path / "f32act.tsv"
+    table.write_text("# every product; one kernel\nmatmul  *  *  any  avx2,fma,f16c  avx2_f32act\n", encoding="utf-8")
+    parser = bench.add_bench_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", str(text_model_path), "--profile", "robot", "--optable", str(table),
+                              "--no-peer"])
+    cfg = bench.config_from_args(args)
+    assert bench.apply_profile(cfg) == {"name": "robot", "optable": str(table)}  # --no-peer: no library chosen
+    assert _engine.optable_source() == str(table)
+    for fmt in ("Q4_1", "Q8_0"):
+        for phase in ("decode", "prefill"):
+            assert _engine.choose_matmul(fmt, phase, 576, 576) == "avx2_f32act"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--profile", "xeon"])
 
 
 def test_install_bench_extra_arguments():
@@ -388,3 +397,32 @@ def test_install_bench_extra_arguments():
                       (["--bogus"], "unknown argument")):
         proc = run(*args)
         assert proc.returncode == 2 and msg in proc.stderr, (args, proc.stderr)
+
+
+def test_bench_peer_lib_loads_that_build(tmp_path, text_model_path):
+    """--peer-lib DIR: llama.cpp is the libllama in DIR (through LLAMA_CPP_LIB_PATH, with the
+    libggml beside it), in a bench process of its own (this one may have loaded llama_cpp)."""
+    import importlib.util
+    import os
+    import shutil
+    import subprocess
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        pytest.skip("llama-cpp-python is not installed (scripts/install_bench_extra.sh)")
+    lib = tmp_path / "peer-lib"
+    shutil.copytree(Path(spec.origin).parent / "lib", lib, symlinks=True)
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    proc = subprocess.run([sys.executable, "-m", "edgevlm_ros.tools.bench", "--quick", "--model", str(text_model_path),
+                           "--peer-lib", str(lib), "--no-vision", "--no-rss", "--prefill-tokens", "4",
+                           "--decode-tokens", "2", "--bandwidth-mib", "8", "--peer-extra-bufts", "off",
+                           "--json", str(out)], capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["profile"]["peer_lib"] == str(lib)
+    libs = result["peer_libraries"]
+    assert any(Path(p).name.startswith("libllama") for p in libs), libs
+    assert all(p.startswith(str(lib)) for p in libs), libs
+    assert result["rows"][0]["peer"] > 0 and "libraries: " + str(lib) in proc.stdout

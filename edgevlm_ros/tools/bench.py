@@ -443,6 +443,17 @@ def import_peer() -> tuple[ModuleType | None, str]:
     return mod, f"llama-cpp-python {version}"
 
 
+def loaded_llama_libraries() -> list[str]:
+    """The libllama / libggml files mapped into this process (/proc/self/maps): which build of
+    llama.cpp the peer really is."""
+    try:
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    paths = (line.split(None, 5)[-1].strip() for line in maps.splitlines() if line.count(" ") >= 5)
+    return sorted({p for p in paths if Path(p).name.startswith(("libllama", "libggml"))})
+
+
 # -- measures -----------------------------------------------------------------------------------
 
 
@@ -722,6 +733,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             result["peer_system_info"] = peer_mod.llama_print_system_info().decode("utf-8", "replace").strip()
         except Exception:  # noqa: BLE001 - informational only
             result["peer_system_info"] = None
+        result["peer_libraries"] = loaded_llama_libraries()
     rows: list[Row] = []
 
     log(f"[bench] loading {cfg.model.name} in our engine ({cfg.threads} threads)")
@@ -1047,6 +1059,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"  - llama.cpp extra buffer types (repack/AMX): {'on' if eb['on'] else 'off'} ({eb['why']})")
     if result.get("peer_system_info"):
         lines.append(f"  - llama.cpp: {result['peer_system_info']}")
+    if result.get("peer_libraries"):
+        lines.append(f"  - llama.cpp libraries: {' '.join(result['peer_libraries'])}")
     lines.append(f"  - bench wall time {result['wall_s']:.0f} s; load average (1/5/15 min) at start "
                  f"{result.get('load_average_start')}, at end {result.get('load_average_end')} on {m['cores']} cores")
     return "\n".join(lines)
