@@ -291,40 +291,48 @@ bool valid_shape(const std::string& s) {
     if (s == "any") return true;
     for (const char* p : {"rows>=", "rows<", "k>=", "k<"}) {
         const std::string pre(p);
-        if (s.rfind(pre, 0) == 0 && s.size() > pre.size() &&
+        // At most 18 digits: the bound fits int64_t (std::stoll in shape_matches never throws).
+        if (s.rfind(pre, 0) == 0 && s.size() > pre.size() && s.size() - pre.size() <= 18 &&
             s.find_first_not_of("0123456789", pre.size()) == std::string::npos)
             return true;
     }
     return false;
 }
 
+// One rule from its columns; `where` names it in errors ("operator table line 12").
+Rule parse_rule(const std::string& text, const std::string& where) {
+    std::stringstream ls(text);
+    Rule r;
+    std::string extra;
+    if (!(ls >> r.op >> r.format >> r.phase >> r.shape >> r.features >> r.variant) || (ls >> extra))
+        throw std::invalid_argument(where + ": expected 6 columns");
+    if (!known_op(r.op)) throw std::invalid_argument(where + ": unknown operator '" + r.op + "'");
+    if (r.phase != "*" && r.phase != "decode" && r.phase != "prefill")
+        throw std::invalid_argument(where + ": unknown phase '" + r.phase + "'");
+    if (!valid_shape(r.shape)) throw std::invalid_argument(where + ": bad shape class '" + r.shape + "'");
+    for (const std::string& feature : feature_list(r.features))
+        if (!known_cpu_feature(feature))
+            throw std::invalid_argument(where + ": unknown CPU feature '" + feature + "'");
+    return r;
+}
+
+// The rules of a table: one per line, or several on a line separated by ';' (the compiled-in
+// default is one such line). A '#' comments out the rest of its line, ';' included: the comment
+// is cut before the line is split into rules, so prose in a copied optable.tsv stays prose.
 std::vector<Rule> parse(const std::string& text) {
     std::vector<Rule> rules;
+    std::stringstream in(text);
     std::string line;
     int lineno = 0;
-    std::string norm = text;
-    for (char& c : norm) if (c == ';') c = '\n';
-    std::stringstream in(norm);
     while (std::getline(in, line)) {
         ++lineno;
         const size_t hash = line.find('#');
         if (hash != std::string::npos) line.resize(hash);
-        std::stringstream ls(line);
-        Rule r;
-        if (!(ls >> r.op)) continue;  // blank or comment
-        std::string extra;
-        if (!(ls >> r.format >> r.phase >> r.shape >> r.features >> r.variant) || (ls >> extra))
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": expected 6 columns");
-        if (!known_op(r.op))
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown operator '" + r.op + "'");
-        if (r.phase != "*" && r.phase != "decode" && r.phase != "prefill")
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown phase '" + r.phase + "'");
-        if (!valid_shape(r.shape))
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": bad shape class '" + r.shape + "'");
-        for (const std::string& feature : feature_list(r.features))
-            if (!known_cpu_feature(feature))
-                throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown CPU feature '" + feature + "'");
-        rules.push_back(r);
+        std::stringstream rest(line);
+        std::string rule;
+        while (std::getline(rest, rule, ';'))
+            if (rule.find_first_not_of(" \t\r") != std::string::npos)  // blank: skipped
+                rules.push_back(parse_rule(rule, "operator table line " + std::to_string(lineno)));
     }
     return rules;
 }
