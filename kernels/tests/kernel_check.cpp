@@ -236,10 +236,10 @@ int main() {
     for (const std::string& name : cpu_feature_names()) std::printf(" %s=%d", name.c_str(), has_cpu_feature(f, name) ? 1 : 0);
     std::printf("\n");
     // 113 rows split 56 / 57: a 48-row panel of avx512_gemm plus a partial one; k = 416: two
-    // 192-element k blocks of avx512_gemm and a tail block; k = 256: one K-quant super-block. The
-    // formats of block_formats() (the K-quants among them) are checked by check_block_formats().
+    // 192-element k blocks of avx512_gemm and a tail block. The formats of block_formats() (the
+    // K-quants, which take none of these k) are checked by check_block_formats().
     const int64_t rows_set[] = {1, 3, 17, 64, 113};
-    const int64_t k_set[] = {32, 96, 160, 576, 416, 256};
+    const int64_t k_set[] = {32, 96, 160, 576, 416};
     const int64_t m_set[] = {1, 2, 5, 13};
     for (const VariantInfo& v : list_variants()) {
         if (!v.available) {
