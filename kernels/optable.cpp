@@ -215,7 +215,8 @@ const std::vector<Variant>& registry() {
         {EVK_V(rope, neon), {}, "neon"},
         {EVK_V(add, neon), {}, "neon"},
         {EVK_V(matmul, neon_f32act), dequantized_formats(), "neon"},
-        {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
+        {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K,
+                                         DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "neon,dotprod"},
         {EVK_V(matmul, neon_q8act_dot_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
         {EVK_V(matmul, neon_q8act_i8mm), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,i8mm"},
 #endif
