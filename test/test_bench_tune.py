@@ -294,7 +294,7 @@ def test_robot_table_is_shipped_and_runs_no_avx512(restore_optable):
     assert rules and all(len(r) == 6 for r in rules)
     assert any("avxvnni" in r[4] for r in rules) and any(r[5] == "avx2_gemm" for r in rules)
     for r in rules:
-        assert r[4] == "-" or set(r[4].split(",")) <= set(optable.ROBOT_FEATURES), r
+        assert r[4] == "-" or set(r[4].split(",")) <= set(optable.ROBOT_FEATURES.split(",")), r
     # The built-in rules with AVX-512 / AMX are the ones left out, nothing else.
     builtin = optable.restrict_rules(optable._builtin_text(), [f for f in _engine.cpu_features()])
     assert len(builtin) > len(rules)
@@ -322,16 +322,17 @@ def test_bandwidth_floors_say_which_binds():
 
 def test_peer_lib_choice(tmp_path, monkeypatch):
     empty = tmp_path / "none"
-    lib, why = bench.choose_peer_lib(empty, "robot", list(bench.ROBOT_CPU_FLAGS))
+    robot_cpu = dict.fromkeys(optable.ROBOT_FEATURES.split(","), True)
+    lib, why = bench.choose_peer_lib(empty, "robot", robot_cpu)
     assert lib is None and "install_bench_extra.sh --robot" in why
     built = tmp_path / "robot"
     built.mkdir()
     (built / "libllama.so").write_bytes(b"")
-    lib, why = bench.choose_peer_lib(built, "robot", ["avx2", "fma", "f16c"])
-    assert lib is None and "lacks avx_vnni" in why
+    lib, why = bench.choose_peer_lib(built, "robot", dict(robot_cpu, avxvnni=False))
+    assert lib is None and "lacks avxvnni" in why
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not loaded in this process
-    assert bench.choose_peer_lib(built, "robot", list(bench.ROBOT_CPU_FLAGS))[0] == built
-    assert bench.choose_peer_lib(built, "native", [])[0] == built  # --peer-lib: any build, as given
+    assert bench.choose_peer_lib(built, "robot", robot_cpu)[0] == built
+    assert bench.choose_peer_lib(built, "native", {})[0] == built  # --peer-lib: any build, as given
 
 
 def test_bench_robot_profile_quick(capsys, monkeypatch, tmp_path, text_model_path, restore_optable):

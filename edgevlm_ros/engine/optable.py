@@ -18,8 +18,9 @@ from .. import _engine
 TUNED_TABLE = Path.home() / ".cache" / "edgevlm_ros" / "optable.tsv"
 
 # The robot profile: the CPU features of an x86 robot computer (AVX2 + AVX-VNNI, no AVX-512, no
-# AMX). Its table keeps the rules of the built-in one that need nothing else.
-ROBOT_FEATURES = ("avx2", "fma", "f16c", "avxvnni")
+# AMX), written as a features column of the table. Its table keeps the rules of the built-in one
+# that need nothing else.
+ROBOT_FEATURES = "avx2,fma,f16c,avxvnni"
 ROBOT_TABLE_NAME = "optable-robot-avx2-vnni.tsv"  # shipped in config/ (test_bench_tune checks it)
 _active: str | None = None
 
@@ -90,7 +91,7 @@ def robot_table() -> str:
         "# runs on the CPU, wins; `ref` serves whatever no rule does.",
         "# Regenerate: python -m edgevlm_ros.engine.optable robot > config/" + ROBOT_TABLE_NAME,
     ]
-    return "\n".join(head + restrict_rules(_builtin_text(), ROBOT_FEATURES)) + "\n"
+    return "\n".join(head + restrict_rules(_builtin_text(), ROBOT_FEATURES.split(","))) + "\n"
 
 
 _BUILTIN: str | None = None

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -204,8 +204,6 @@ def weight_bytes_per_token(gguf_path: Path) -> dict[str, Any]:
 # -- profiles -----------------------------------------------------------------------------------
 
 PROFILES = ("native", "robot")
-# /proc/cpuinfo's names of what the robot build of llama.cpp compiles in (scripts/install_bench_extra.sh).
-ROBOT_CPU_FLAGS = ("avx2", "fma", "f16c", "avx_vnni")
 
 
 def default_robot_lib() -> Path:
@@ -217,15 +215,17 @@ def default_robot_lib() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgevlm" / "llama-robot"
 
 
-def choose_peer_lib(lib: Path, profile: str, cpu_flags: Sequence[str]) -> tuple[Path | None, str]:
+def choose_peer_lib(lib: Path, profile: str, cpu: Mapping[str, bool]) -> tuple[Path | None, str]:
     """The libllama folder llama.cpp is to load (None: the one llama-cpp-python installed) and why.
 
     A robot build on a CPU without the profile's features would stop at its first AVX-VNNI
-    instruction, so it is only used where the CPU has them."""
+    instruction, so it is only used where the CPU has them (cpu: _engine.cpu_features(), the
+    features the robot build of llama.cpp compiles in, scripts/install_bench_extra.sh, are the
+    profile's)."""
     if not (lib / "libllama.so").is_file():
         return None, (f"no libllama.so in {lib} (scripts/install_bench_extra.sh --robot builds it): "
                       "llama.cpp is the installed build")
-    missing = [f for f in ROBOT_CPU_FLAGS if f not in cpu_flags] if profile == "robot" else []
+    missing = [f for f in optable.ROBOT_FEATURES.split(",") if not cpu.get(f)] if profile == "robot" else []
     if missing:
         return None, (f"this CPU lacks {','.join(missing)}, which the robot build of llama.cpp in {lib} uses: "
                       "llama.cpp is the installed build (compiled for this CPU)")
@@ -242,10 +242,12 @@ def apply_profile(cfg: BenchConfig) -> dict[str, Any]:
         info["optable"] = optable.activate(cfg.optable)
     elif cfg.profile == "robot":
         info["optable"] = optable.activate_text(
-            optable.robot_table(), f"robot profile (built-in rules needing only {','.join(optable.ROBOT_FEATURES)})")
+            optable.robot_table(), f"robot profile (built-in rules needing only {optable.ROBOT_FEATURES})")
     lib = cfg.peer_lib or (default_robot_lib() if cfg.profile == "robot" else None)
     if lib is not None and cfg.peer:
-        chosen, info["peer_lib_note"] = choose_peer_lib(lib, cfg.profile, machine_info()["features"])
+        from .. import _engine
+
+        chosen, info["peer_lib_note"] = choose_peer_lib(lib, cfg.profile, _engine.cpu_features())
         if chosen is not None:
             os.environ["LLAMA_CPP_LIB_PATH"] = str(chosen)  # read when llama_cpp is imported; children inherit it
         info["peer_lib"] = str(chosen) if chosen else None
