@@ -349,6 +349,11 @@ constexpr Entry format(DType id, const char* name, int64_t per_block, ToFloatFn 
     return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), to != nullptr, to, from}};
 }
 
+// A format this build only names and sizes (ggml-common.h's block sizes): never computable.
+constexpr Entry sized(DType id, const char* name, int64_t per_block, int64_t bytes) {
+    return {static_cast<uint32_t>(id), {name, per_block, bytes, false, nullptr, nullptr}};
+}
+
 // The traits table: every ggml type this build knows, its sizes from its block struct (a scalar
 // type is a block of one), and its reference conversions where the engine has kernels.
 constexpr Entry kTypes[] = {
@@ -368,6 +373,20 @@ constexpr Entry kTypes[] = {
     // The activation side of K-quant dot kernels: a quantizer, never a weight format.
     format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K, nullptr, quantize_row_q8_k),
     format<BlockIQ4_NL>(DType::IQ4_NL, "IQ4_NL", kQK, iq4_nl_to_float, quantize_row_iq4_nl),
+    sized(DType::IQ2_XXS, "IQ2_XXS", kQK_K, 66),
+    sized(DType::IQ2_XS, "IQ2_XS", kQK_K, 74),
+    sized(DType::IQ3_XXS, "IQ3_XXS", kQK_K, 98),
+    sized(DType::IQ1_S, "IQ1_S", kQK_K, 50),
+    sized(DType::IQ3_S, "IQ3_S", kQK_K, 110),
+    sized(DType::IQ2_S, "IQ2_S", kQK_K, 82),
+    sized(DType::IQ4_XS, "IQ4_XS", kQK_K, 136),
+    sized(DType::IQ1_M, "IQ1_M", kQK_K, 56),
+    sized(DType::TQ1_0, "TQ1_0", kQK_K, 54),
+    sized(DType::TQ2_0, "TQ2_0", kQK_K, 66),
+    sized(DType::MXFP4, "MXFP4", 32, 17),
+    sized(DType::NVFP4, "NVFP4", 64, 36),
+    sized(DType::Q1_0, "Q1_0", 128, 18),
+    sized(DType::Q2_0, "Q2_0", 64, 18),
     format<int8_t>(DType::I8, "I8", 1),
     format<int16_t>(DType::I16, "I16", 1),
     format<int32_t>(DType::I32, "I32", 1),
@@ -377,7 +396,7 @@ constexpr Entry kTypes[] = {
 };
 
 // ggml type id -> its entry, or nullptr: one indexed load per lookup (dequantize_row runs per row).
-constexpr uint32_t kMaxId = 31;
+constexpr uint32_t kMaxId = 43;
 struct ById {
     const TypeTraits* t[kMaxId] = {};
     constexpr ById() {
@@ -385,7 +404,7 @@ struct ById {
     }
 };
 constexpr ById kById{};
-static_assert(static_cast<uint32_t>(DType::BF16) < kMaxId, "kMaxId covers every type id");
+static_assert(static_cast<uint32_t>(DType::Q2_0) < kMaxId, "kMaxId covers every type id");
 
 }  // namespace
 
