@@ -170,15 +170,16 @@ void quantize_row_q5_1(const float* x, void* dst, int64_t n) {
 
 namespace {
 
-// The index of the level nearest v (v / d of an element).
+// The index of the level nearest v (v / d of an element; a tie goes to the lower level), by
+// bisection of the sorted levels. A NaN gives 15.
 int nearest_iq4nl(float v) {
-    int best = 0;
-    float be = std::fabs(v - kIQ4NLValues[0]);
-    for (int k = 1; k < 16; ++k) {
-        const float e = std::fabs(v - kIQ4NLValues[k]);
-        if (e < be) { be = e; best = k; }
+    if (v <= kIQ4NLValues[0]) return 0;
+    int lo = 0, hi = 15;  // kIQ4NLValues[lo] < v, and v < kIQ4NLValues[hi] unless hi = 15
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (v < kIQ4NLValues[mid]) hi = mid; else lo = mid;
     }
-    return best;
+    return v - kIQ4NLValues[lo] <= kIQ4NLValues[hi] - v ? lo : hi;
 }
 
 }  // namespace
@@ -343,10 +344,16 @@ struct Entry {
     TypeTraits t;
 };
 
-// A format of blocks of `per_block` elements laid out as Block; computable when it has a to_float.
+// A format of blocks of `per_block` elements laid out as Block: computable with a to_float, known
+// only (sizes) without. (Overloads, not `to != nullptr`: the address of a function of another
+// file is no constant expression under the sanitizers' builds.)
 template <class Block>
-constexpr Entry format(DType id, const char* name, int64_t per_block, ToFloatFn to = nullptr, FromFloatFn from = nullptr) {
-    return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), to != nullptr, to, from}};
+constexpr Entry format(DType id, const char* name, int64_t per_block, ToFloatFn to, FromFloatFn from) {
+    return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), true, to, from}};
+}
+template <class Block>
+constexpr Entry format(DType id, const char* name, int64_t per_block, FromFloatFn from = nullptr) {
+    return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), false, nullptr, from}};
 }
 
 // A format this build only names and sizes (ggml-common.h's block sizes): never computable.
@@ -371,7 +378,7 @@ constexpr Entry kTypes[] = {
     format<BlockQ5_K>(DType::Q5_K, "Q5_K", kQK_K, dequantize_row_q5_k, quantize_row_q5_k),
     format<BlockQ6_K>(DType::Q6_K, "Q6_K", kQK_K, dequantize_row_q6_k, quantize_row_q6_k),
     // The activation side of K-quant dot kernels: a quantizer, never a weight format.
-    format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K, nullptr, quantize_row_q8_k),
+    format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K, quantize_row_q8_k),
     format<BlockIQ4_NL>(DType::IQ4_NL, "IQ4_NL", kQK, iq4_nl_to_float, quantize_row_iq4_nl),
     sized(DType::IQ2_XXS, "IQ2_XXS", kQK_K, 66),
     sized(DType::IQ2_XS, "IQ2_XS", kQK_K, 74),
