@@ -7,7 +7,21 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "models/registry.h"
+
 namespace evn {
+
+namespace {
+
+// A tensor of a format this engine does not run: the file is well formed, so UnsupportedModel in
+// one line naming the tensor and the format, not a GGUFError.
+void require_computable(const GGUFFile& f, const std::string& name, evk::DType type) {
+    const evk::TypeTraits* tt = evk::type_traits(type);
+    if (!tt->computable)
+        throw UnsupportedModel("'" + f.path() + "': tensor '" + name + "': weight format " + tt->name + " is not supported");
+}
+
+}  // namespace
 
 Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows, WeightUse use,
                    PackArena* arena) {
@@ -23,8 +37,7 @@ Weight load_weight(const GGUFFile& f, const std::string& name, int64_t cols, int
         f.fail("tensor '" + name + "'", "shape [" + shape + "] does not match the expected [" + std::to_string(cols) + ", " +
                                             std::to_string(rows) + "]");
     }
-    const evk::TypeTraits* tt = evk::type_traits(t->type);
-    if (!tt->computable) f.fail("tensor '" + name + "'", std::string("weight format ") + tt->name + " is not supported");
+    require_computable(f, name, t->type);
     return make_weight(t->type, t->data, rows, cols, use, arena);
 }
 
@@ -102,8 +115,7 @@ std::vector<float> load_vector(const GGUFFile& f, const std::string& name, int64
     if (!t) f.fail("tensor '" + name + "'", "missing");
     if (t->nelements() != n)
         f.fail("tensor '" + name + "'", std::to_string(t->nelements()) + " elements, expected " + std::to_string(n));
-    const evk::TypeTraits* tt = evk::type_traits(t->type);
-    if (!tt->computable) f.fail("tensor '" + name + "'", std::string("format ") + tt->name + " is not supported");
+    require_computable(f, name, t->type);
     std::vector<float> v(static_cast<size_t>(n));
     evk::dequantize_row(t->type, t->data, v.data(), n);
     return v;

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MAGIC = b"GGUF"
 
@@ -136,3 +137,20 @@ class GGUFBuilder:
 
 def _pad(n: int, align: int) -> int:
     return (n + align - 1) // align * align
+
+
+def from_file(path: Path) -> GGUFBuilder:
+    """A builder holding a valid file's header, metadata (its bytes as they are) and tensors, so a
+    test can change a tensor's type or data and build the file again."""
+    import gguf
+
+    data = path.read_bytes()
+    reader = gguf.GGUFReader(path)
+    (version,) = struct.unpack_from("<I", data, 4)
+    (n_kv,) = struct.unpack_from("<Q", data, 16)
+    b = GGUFBuilder(version=version, alignment=reader.alignment, kv_count=n_kv)
+    b.add_raw(data[24:reader.tensors[0].field.offset])
+    for t in reader.tensors:
+        raw = data[t.data_offset:t.data_offset + t.n_bytes]
+        b.add_tensor(t.name, [int(d) for d in t.shape], int(t.tensor_type), raw)
+    return b

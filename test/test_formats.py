@@ -272,3 +272,129 @@ def test_dequantize_equals_ggml(fmt: str) -> None:
     theirs = np.zeros(512 * block, np.float32)
     ggml_function("dequantize_row", fmt)(ptr(raw), ptr(theirs), ctypes.c_int64(theirs.size))
     assert same_bits(_engine.dequantize(fmt, raw.reshape(-1), theirs.size), theirs)
+
+
+# -- the loader: formats it cannot run, truncated blocks, the real file ------------------------
+
+SEEDS = Path(__file__).resolve().parent / "fuzz_seeds" / "gguf"
+KQUANT_SEED = SEEDS / "llama_tiny_q5k_q6k.gguf"  # blk.0.ffn_down.weight: 32 rows of 256, Q5_K
+# Every id ggml knows that this engine does not run as a weight (Q8_1 / Q8_K are activation formats).
+NOT_RUN = ("Q8_1", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M",
+           "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0")
+GGML_IDS = {"Q8_1": 9, "Q8_K": 15, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ3_S": 21,
+            "IQ2_S": 22, "IQ4_XS": 23, "IQ1_M": 29, "TQ1_0": 34, "TQ2_0": 35, "MXFP4": 39, "NVFP4": 40,
+            "Q1_0": 41, "Q2_0": 42}
+GEMMA = Path(__file__).resolve().parents[1] / "models" / "gemma-3-270m-q4_k_m.gguf"
+
+
+def retyped_seed(tmp_path: Path, type_id: int) -> Path:
+    """The K-quant seed with blk.0.ffn_down.weight retyped: zero bytes of the new type's size (its
+    old bytes when the id is one nobody knows)."""
+    import gguf_builder as gb
+
+    b = gb.from_file(KQUANT_SEED)
+    t = next(t for t in b.tensors if t.name == "blk.0.ffn_down.weight")
+    t.ggml_type = type_id
+    names = [n for n, i in GGML_IDS.items() if i == type_id]
+    if names:
+        t.data = bytes(t.dims[1] * int(_engine.row_bytes(names[0], t.dims[0])))
+    out = tmp_path / f"type{type_id}.gguf"
+    out.write_bytes(b.build())
+    return out
+
+
+@pytest.mark.parametrize("fmt", NOT_RUN)
+def test_a_format_we_do_not_run_is_refused_as_not_supported(fmt: str, tmp_path: Path) -> None:
+    path = retyped_seed(tmp_path, GGML_IDS[fmt])
+    f = _engine.GGUFFile(str(path))  # a valid file: the reader takes it
+    assert {t["name"]: t["type"] for t in f.tensors()}["blk.0.ffn_down.weight"] == fmt
+    with pytest.raises(_engine.UnsupportedModelError) as info:
+        _engine.Decoder(f, threads=1, n_ctx=8)
+    msg = str(info.value)
+    assert f"tensor 'blk.0.ffn_down.weight': weight format {fmt} is not supported" in msg
+    assert "bad GGUF" not in msg and "\n" not in msg
+
+
+def test_the_seed_itself_loads() -> None:
+    """The refusals above come from the retyped tensor: unchanged, the same file builds."""
+    m = _engine.Decoder(_engine.GGUFFile(str(KQUANT_SEED)), threads=1, n_ctx=8)
+    assert m.config["n_layer"] == 2
+
+
+@pytest.mark.parametrize("type_id", [4, 5, 31, 33, 36, 38, 43, 1000, 2**31])
+def test_a_type_id_nobody_knows_stays_a_bad_file(type_id: int, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=rf"bad GGUF file .*unknown tensor type {type_id}") as info:
+        _engine.GGUFFile(str(retyped_seed(tmp_path, type_id)))
+    assert not isinstance(info.value, _engine.UnsupportedModelError)
+
+
+@pytest.mark.parametrize("fmt", NEW_FORMATS + NOT_RUN)
+def test_truncated_blocks_are_refused_at_load(fmt: str, tmp_path: Path) -> None:
+    """Tensor data shorter than its rows need (the file ends inside its last block) is refused by
+    the reader, before anything reads it; so is a row that is not a whole number of blocks."""
+    import gguf_builder as gb
+
+    block, nbytes = _engine_block(fmt)
+    type_id = int(QT[fmt]) if fmt in NEW_FORMATS else GGML_IDS[fmt]
+    for cut in (1, nbytes // 2, nbytes - 1):
+        b = gb.GGUFBuilder()
+        b.add_tensor("w", [256, 3], type_id, bytes(3 * (256 // block) * nbytes))
+        path = tmp_path / f"{fmt}-{cut}.gguf"
+        path.write_bytes(b.build()[:-cut])
+        with pytest.raises(ValueError, match=r"bad GGUF file .*tensor 'w': data .* runs past the end"):
+            _engine.GGUFFile(str(path))
+    if block > 1:
+        b = gb.GGUFBuilder()
+        b.add_tensor("w", [block + block // 2, 1], type_id, bytes(2 * nbytes))
+        path = tmp_path / f"{fmt}-row.gguf"
+        path.write_bytes(b.build())
+        with pytest.raises(ValueError, match=rf"is not a multiple of the {fmt} block size {block}"):
+            _engine.GGUFFile(str(path))
+
+
+def _engine_block(fmt: str) -> tuple[int, int]:
+    """(elements, bytes) of one block as the engine sizes it."""
+    for block in (32, 64, 128, 256):  # the smallest whole row is one block
+        try:
+            return block, int(_engine.row_bytes(fmt, block))
+        except ValueError:
+            continue
+    raise AssertionError(fmt)
+
+
+def test_block_sizes_agree_with_gguf() -> None:
+    for fmt in NEW_FORMATS + NOT_RUN:
+        if fmt not in QT.__members__:  # Q2_0: newer than this gguf package
+            continue
+        if fmt == "Q8_1":  # gguf-py still sizes Q8_1 with float32 d and s (40); ggml's block is 36
+            assert _engine_block(fmt) == (32, 36)
+            continue
+        assert _engine_block(fmt) == gguf.GGML_QUANT_SIZES[QT[fmt]], fmt
+
+
+def test_every_tensor_of_the_gemma_file_dequantizes_as_gguf_does() -> None:
+    """Every row of every tensor of the real file (~10 s on 2 cores), raw bytes from the file
+    (tensor infos from our reader: gguf's GGUFReader takes a minute to parse the vocabulary)."""
+    if not GEMMA.exists():
+        pytest.skip(f"{GEMMA} is missing: scripts/setup.sh fetches it")
+    f = _engine.GGUFFile(str(GEMMA))
+    data = np.memmap(GEMMA, dtype=np.uint8, mode="r")
+    seen: dict[str, int] = {}
+    for t in f.tensors():
+        fmt = t["type"]
+        seen[fmt] = seen.get(fmt, 0) + 1
+        n_cols = int(t["shape"][0])
+        rows = data[t["offset"]:t["offset"] + t["nbytes"]].reshape(-1, int(_engine.row_bytes(fmt, n_cols)))
+        for r0 in range(0, rows.shape[0], 16384):  # the 262144-row embedding in pieces
+            r1 = min(r0 + 16384, rows.shape[0])
+            piece = np.ascontiguousarray(rows[r0:r1])
+            want = gguf.quants.dequantize(piece, QT[fmt]).reshape(-1)
+            got = _engine.dequantize(fmt, piece.reshape(-1), piece.shape[0] * n_cols)
+            assert same_bits(got, want), f"{t['name']} ({fmt}) rows {r0}..{r1}"
+    assert seen == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
+    # And through the engine's reader of the mapped file (1-byte loads, its row walk), one of each.
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.0.attn_v.weight"):
+        t = next(t for t in f.tensors() if t["name"] == name)
+        raw = np.asarray(data[t["offset"]:t["offset"] + t["nbytes"]])
+        want = gguf.quants.dequantize(raw, QT[t["type"]]).reshape(-1)
+        assert same_bits(f.dequantize(name).reshape(-1), want), name

@@ -9,9 +9,10 @@ scripts/fuzz_long.sh; its figures are in docs/reliability/fuzzing.md).
   return or raise PrefixCacheError (a ValueError), nothing else.
 
 Seeds (test/fuzz_seeds, each < 64 KiB) are small valid files written by our GGUF writer (a llama
-decoder and an idefics3 mmproj in every weight format the engine computes with, metadata of every
-value type), the first bytes of the real SmolLM2 file, and valid prefix-cache files. Every crash a
-campaign finds is kept in test/fuzz_regressions/<target>/ and replayed here.
+decoder and an idefics3 mmproj in every weight format the engine computes with, the K-quants,
+Q5_0 / Q5_1 and IQ4_NL among them; metadata of every value type), the first bytes of the real
+SmolLM2 file, and valid prefix-cache files. Every crash a campaign finds is kept in
+test/fuzz_regressions/<target>/ and replayed here.
 
 Also a script: `python test/test_fuzz.py build` (prints the harness path), `... seeds` (rewrites
 test/fuzz_seeds), `... prefix-cache [libFuzzer flags] [corpus dirs]` (the atheris target).
@@ -127,13 +128,14 @@ def _final_stats(out: str) -> str:
 # Seeds
 
 
-def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool) -> None:
+def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool, ff: int = 64, n_layer: int = 2,
+                kinds: tuple[str, ...] = ("q4_0", "q4_1", "q8_0", "f16", "bf16", "f32")) -> None:
     import numpy as np
 
     from edgevlm_ros.tools.gguf_writer import GGUFWriter
 
     rng = np.random.default_rng(1)
-    d, ff, n_head, n_kv, vocab, n_layer = 32, 64, 4, 2, 40, 2
+    d, n_head, n_kv, vocab = 32, 4, 2, 40
     hd = d // n_head
 
     def w(*shape: int) -> np.ndarray:
@@ -154,8 +156,7 @@ def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool) -> None:
     if not tied:
         g.add_tensor("output.weight", w(vocab, d), "f16")
     g.add_tensor("output_norm.weight", 1 + w(d), "f32")
-    # Every computable format somewhere, per layer in turn ("bf16": written as f16, retyped after).
-    kinds = ["q4_0", "q4_1", "q8_0", "f16", "bf16", "f32"]
+    # Every format of `kinds` somewhere, per layer in turn ("bf16": written as f16, retyped after).
     bf16: list[str] = []
     for layer in range(n_layer):
         p = f"blk.{layer}."
@@ -215,6 +216,29 @@ def _tiny_mmproj(path: Path, *, swapped: bool) -> None:
         g.add_tensor(p + down + ".bias", w(d), "f32")
     g.write(path)
     _retype_bf16(path, [f"v.blk.{layer}.attn_v.weight" for layer in range(n_layer)])
+
+
+def _llama_new_formats(path: Path, downs: tuple[str, ...]) -> None:
+    """The tiny llama with feed-forward width 256: each layer's ffn_down (rows of 256) in the next
+    K-quant of `downs`, every other matrix (rows of 32) in Q5_0, Q5_1 or IQ4_NL in turn, encoded
+    by the engine's reference quantizers."""
+    import gguf
+    import gguf_builder as gb
+    import numpy as np
+
+    from edgevlm_ros import _engine
+
+    _tiny_llama(path, tied=False, rope_scaling=False, ff=256, n_layer=len(downs), kinds=("f32",))
+    b = gb.from_file(path)
+    small = ("Q5_0", "Q5_1", "IQ4_NL")
+    for i, t in enumerate(b.tensors):
+        name = str(t.name)
+        if t.ggml_type != gb.GGML_F32 or len(t.dims) != 2 or not name.startswith("blk."):
+            continue
+        kind = downs[int(name.split(".")[1])] if name.endswith("ffn_down.weight") else small[i % len(small)]
+        t.data = _engine.quantize(kind, np.frombuffer(t.data, np.float32)).tobytes()
+        t.ggml_type = int(gguf.GGMLQuantizationType[kind])
+    path.write_bytes(b.build())
 
 
 def _retype_bf16(path: Path, names: list[str]) -> None:
@@ -299,6 +323,8 @@ def write_seeds(dest: Path = SEEDS, model: Path | None = None) -> list[Path]:
     pc.mkdir(parents=True, exist_ok=True)
     _tiny_llama(g / "llama_tiny.gguf", tied=False, rope_scaling=False)
     _tiny_llama(g / "llama_tiny_tied_linear_rope.gguf", tied=True, rope_scaling=True)
+    _llama_new_formats(g / "llama_tiny_q2k_q3k_q4k.gguf", ("Q2_K", "Q3_K", "Q4_K"))
+    _llama_new_formats(g / "llama_tiny_q5k_q6k.gguf", ("Q5_K", "Q6_K"))
     _tiny_mmproj(g / "mmproj_tiny.gguf", swapped=False)
     _tiny_mmproj(g / "mmproj_tiny_ffn_swapped.gguf", swapped=True)
     (g / "every_value_type.gguf").write_bytes(_every_value_type())
@@ -339,9 +365,10 @@ def test_seeds_are_small_and_the_valid_ones_build_models() -> None:
             assert p.stat().st_size < MAX_SEED_BYTES, p
     # The model seeds stay useful only while they pass the model checks: a seed the loaders
     # refuse would leave the model-building code unreached by every mutation.
-    for name in ("llama_tiny.gguf", "llama_tiny_tied_linear_rope.gguf"):
+    for name, n_layer in (("llama_tiny.gguf", 2), ("llama_tiny_tied_linear_rope.gguf", 2),
+                          ("llama_tiny_q2k_q3k_q4k.gguf", 3), ("llama_tiny_q5k_q6k.gguf", 2)):
         m = _engine.Decoder(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1, n_ctx=8)
-        assert m.config["n_layer"] == 2
+        assert m.config["n_layer"] == n_layer
     for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
         _engine.VisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
     for p in _seed_files("prefix_cache"):

@@ -117,11 +117,22 @@ def _hostile_corpus(src: Path, dest: Path, n_mutations: int = 300) -> list[Path]
 def test_gguf_reader_and_kernels_under_asan_ubsan(text_model_path: Path, tmp_path: Path) -> None:
     san = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-fno-omit-frame-pointer")
     reader = _build("gguf_check-asan", "native/tests/gguf_check.cpp",
-                    ["native/gguf.cpp", "native/mapped_file.cpp", "kernels/formats/formats.cpp"], extra=san)
+                    ["native/gguf.cpp", "native/mapped_file.cpp", "kernels/formats/formats.cpp",
+                     "kernels/formats/kquants.cpp"], extra=san)
     corpus = _hostile_corpus(text_model_path, tmp_path / "corpus")
     out = _run([str(reader), str(text_model_path), *map(str, corpus)])
     assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out
     print(out.splitlines()[-2])
+    # Super-blocks cut short: the K-quant / Q5 / IQ4_NL seeds ending inside their last tensor.
+    cuts = []
+    for seed in sorted((ROOT / "test" / "fuzz_seeds" / "gguf").glob("llama_tiny_q*.gguf")):
+        for cut in (1, 83, 209, 4000):
+            p = tmp_path / f"{seed.stem}-cut{cut}.gguf"
+            p.write_bytes(seed.read_bytes()[:-cut])
+            cuts.append(p)
+    out = _run([str(reader), *map(str, cuts)])
+    assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out
+    assert f"loaded 0, refused {len(cuts)}" in out, out
     kernels = _build("kernel_check-asan", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True),
                      extra=san)
     out = _run([str(kernels)])

@@ -170,15 +170,16 @@ void quantize_row_q5_1(const float* x, void* dst, int64_t n) {
 
 namespace {
 
-// The index of the level nearest v (v / d of an element).
+// The index of the level nearest v (v / d of an element; a tie goes to the lower level), by
+// bisection of the sorted levels. A NaN gives 15.
 int nearest_iq4nl(float v) {
-    int best = 0;
-    float be = std::fabs(v - kIQ4NLValues[0]);
-    for (int k = 1; k < 16; ++k) {
-        const float e = std::fabs(v - kIQ4NLValues[k]);
-        if (e < be) { be = e; best = k; }
+    if (v <= kIQ4NLValues[0]) return 0;
+    int lo = 0, hi = 15;  // kIQ4NLValues[lo] < v, and v < kIQ4NLValues[hi] unless hi = 15
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (v < kIQ4NLValues[mid]) hi = mid; else lo = mid;
     }
-    return best;
+    return v - kIQ4NLValues[lo] <= kIQ4NLValues[hi] - v ? lo : hi;
 }
 
 }  // namespace
@@ -343,10 +344,21 @@ struct Entry {
     TypeTraits t;
 };
 
-// A format of blocks of `per_block` elements laid out as Block; computable when it has a to_float.
+// A format of blocks of `per_block` elements laid out as Block: computable with a to_float, known
+// only (sizes) without. (Overloads, not `to != nullptr`: the address of a function of another
+// file is no constant expression under the sanitizers' builds.)
 template <class Block>
-constexpr Entry format(DType id, const char* name, int64_t per_block, ToFloatFn to = nullptr, FromFloatFn from = nullptr) {
-    return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), to != nullptr, to, from}};
+constexpr Entry format(DType id, const char* name, int64_t per_block, ToFloatFn to, FromFloatFn from) {
+    return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), true, to, from}};
+}
+template <class Block>
+constexpr Entry format(DType id, const char* name, int64_t per_block, FromFloatFn from = nullptr) {
+    return {static_cast<uint32_t>(id), {name, per_block, static_cast<int64_t>(sizeof(Block)), false, nullptr, from}};
+}
+
+// A format this build only names and sizes (ggml-common.h's block sizes): never computable.
+constexpr Entry sized(DType id, const char* name, int64_t per_block, int64_t bytes) {
+    return {static_cast<uint32_t>(id), {name, per_block, bytes, false, nullptr, nullptr}};
 }
 
 // The traits table: every ggml type this build knows, its sizes from its block struct (a scalar
@@ -366,8 +378,22 @@ constexpr Entry kTypes[] = {
     format<BlockQ5_K>(DType::Q5_K, "Q5_K", kQK_K, dequantize_row_q5_k, quantize_row_q5_k),
     format<BlockQ6_K>(DType::Q6_K, "Q6_K", kQK_K, dequantize_row_q6_k, quantize_row_q6_k),
     // The activation side of K-quant dot kernels: a quantizer, never a weight format.
-    format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K, nullptr, quantize_row_q8_k),
+    format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K, quantize_row_q8_k),
     format<BlockIQ4_NL>(DType::IQ4_NL, "IQ4_NL", kQK, iq4_nl_to_float, quantize_row_iq4_nl),
+    sized(DType::IQ2_XXS, "IQ2_XXS", kQK_K, 66),
+    sized(DType::IQ2_XS, "IQ2_XS", kQK_K, 74),
+    sized(DType::IQ3_XXS, "IQ3_XXS", kQK_K, 98),
+    sized(DType::IQ1_S, "IQ1_S", kQK_K, 50),
+    sized(DType::IQ3_S, "IQ3_S", kQK_K, 110),
+    sized(DType::IQ2_S, "IQ2_S", kQK_K, 82),
+    sized(DType::IQ4_XS, "IQ4_XS", kQK_K, 136),
+    sized(DType::IQ1_M, "IQ1_M", kQK_K, 56),
+    sized(DType::TQ1_0, "TQ1_0", kQK_K, 54),
+    sized(DType::TQ2_0, "TQ2_0", kQK_K, 66),
+    sized(DType::MXFP4, "MXFP4", 32, 17),
+    sized(DType::NVFP4, "NVFP4", 64, 36),
+    sized(DType::Q1_0, "Q1_0", 128, 18),
+    sized(DType::Q2_0, "Q2_0", 64, 18),
     format<int8_t>(DType::I8, "I8", 1),
     format<int16_t>(DType::I16, "I16", 1),
     format<int32_t>(DType::I32, "I32", 1),
@@ -377,7 +403,7 @@ constexpr Entry kTypes[] = {
 };
 
 // ggml type id -> its entry, or nullptr: one indexed load per lookup (dequantize_row runs per row).
-constexpr uint32_t kMaxId = 31;
+constexpr uint32_t kMaxId = 43;
 struct ById {
     const TypeTraits* t[kMaxId] = {};
     constexpr ById() {
@@ -385,7 +411,7 @@ struct ById {
     }
 };
 constexpr ById kById{};
-static_assert(static_cast<uint32_t>(DType::BF16) < kMaxId, "kMaxId covers every type id");
+static_assert(static_cast<uint32_t>(DType::Q2_0) < kMaxId, "kMaxId covers every type id");
 
 }  // namespace
 

@@ -8,11 +8,15 @@
 
 namespace evk {
 
-// ggml type ids as they appear in GGUF tensor infos (ids 4 and 5 were retired upstream).
+// ggml type ids as they appear in GGUF tensor infos: every id ggml (llama.cpp b0.3.36's) knows
+// (4, 5 and 31-33, 36-38 were retired upstream). Those without a to_float are named and sized so
+// a file holding them is refused as "not supported", never as a bad file.
 enum class DType : uint32_t {
     F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, IQ4_NL = 20,
-    I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+    IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23,
+    I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
+    TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39, NVFP4 = 40, Q1_0 = 41, Q2_0 = 42,
 };
 
 // Reference conversion of a row of n elements (a whole number of blocks) to float, and back.
@@ -42,7 +46,8 @@ struct BlockQ4_0 { uint16_t d; uint8_t qs[kQK / 2]; };              // x = d * (
 struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[kQK / 2]; };  // x = d * q + m
 struct BlockQ8_0 { uint16_t d; int8_t qs[kQK]; };                   // x = d * q
 // In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high one.
-// Reference conversions (formats.cpp, kquants.cpp: the element order of each beside its decoder):
+// Reference conversions (formats.cpp, kquants.cpp: the element order of each beside its decoder;
+// Q8_1 is known to the reader only, Q8_K is quantize-only):
 struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
 struct BlockQ5_1 { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
 struct BlockQ8_1 { uint16_t d; uint16_t s; int8_t qs[kQK]; };

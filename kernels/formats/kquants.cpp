@@ -21,10 +21,11 @@ namespace evk {
 
 namespace {
 
-// Clamped nearest integer of v in [lo, hi]; a NaN gives lo (never a float-to-int overflow).
+// Clamped nearest integer of v in [lo, hi] (lo >= -256; halves round up); a NaN gives lo, never a
+// float-to-int overflow. floor(c + 0.5) as the truncation of a positive number: no libm call.
 int nearest(float v, int lo, int hi) {
     const float c = std::fmin(std::fmax(v, static_cast<float>(lo)), static_cast<float>(hi));
-    return static_cast<int>(std::nearbyint(c));
+    return static_cast<int>(c + 256.5f) - 256;
 }
 
 // Scale s >= 0 and min m >= 0 with x[i] ~ s * q[i] - m, q[i] in [0, qmax]: the data's range
@@ -46,9 +47,10 @@ void fit_affine(const float* x, int n, int qmax, float* scale, float* min) {
         float s = (hi - lo) / (static_cast<float>(qmax) + 0.25f * static_cast<float>(k));
         float b = lo;
         for (int it = 0; it < 2; ++it) {
+            const float is = 1.f / s;
             double sq = 0, sx = 0, sqq = 0, sqx = 0;
             for (int i = 0; i < n; ++i) {
-                const double q = nearest((x[i] - b) / s, 0, qmax);
+                const double q = nearest((x[i] - b) * is, 0, qmax);
                 sq += q, sx += x[i], sqq += q * q, sqx += q * x[i];
             }
             const double det = n * sqq - sq * sq;
@@ -64,8 +66,9 @@ void fit_affine(const float* x, int n, int qmax, float* scale, float* min) {
             b = static_cast<float>(nb);
         }
         double err = 0;
+        const float is = 1.f / s;
         for (int i = 0; i < n; ++i) {
-            const float e = s * static_cast<float>(nearest((x[i] - b) / s, 0, qmax)) + b - x[i];
+            const float e = s * static_cast<float>(nearest((x[i] - b) * is, 0, qmax)) + b - x[i];
             err += static_cast<double>(e) * e;
         }
         if (err < best) {
@@ -90,16 +93,18 @@ float fit_symmetric(const float* x, int n, int qneg) {
     float best = INFINITY, best_s = vmax / static_cast<float>(-qneg);
     for (int k = -4; k <= 8; ++k) {
         float s = vmax / (static_cast<float>(-qneg) - 0.125f * static_cast<float>(k));
+        const float is0 = 1.f / s;
         double sqq = 0, sqx = 0;
         for (int i = 0; i < n; ++i) {
-            const double q = nearest(x[i] / s, -qneg, qneg - 1);
+            const double q = nearest(x[i] * is0, -qneg, qneg - 1);
             sqq += q * q, sqx += q * x[i];
         }
         if (sqq > 0) s = static_cast<float>(sqx / sqq);
         if (!(std::fabs(s) > 0.f)) continue;
         double err = 0;
+        const float is = 1.f / s;
         for (int i = 0; i < n; ++i) {
-            const float e = s * static_cast<float>(nearest(x[i] / s, -qneg, qneg - 1)) - x[i];
+            const float e = s * static_cast<float>(nearest(x[i] * is, -qneg, qneg - 1)) - x[i];
             err += static_cast<double>(e) * e;
         }
         if (err < best) {
