@@ -194,9 +194,15 @@ struct Variant {
 // <operator>_<variant>, defined in kernels/<folder>/<folder>_<isa>*.cpp (test_kernels checks the file).
 #define EVK_V(op, variant) #variant, of::op(op##_##variant)
 
+// Every computable format: the variants that read weight rows through dequantize_row run them all.
+std::vector<DType> dequantized_formats() {
+    return {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,   DType::Q8_0,
+            DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL};
+}
+
 const std::vector<Variant>& registry() {
     static const std::vector<Variant> v = {
-        {EVK_V(matmul, ref), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "-"},
+        {EVK_V(matmul, ref), dequantized_formats(), "-"},
 #define EVK_REFERENCE_ENTRY(name, Fn) {EVK_V(name, ref), {}, "-"},
         EVK_OPS(EVK_REFERENCE_ENTRY)
 #undef EVK_REFERENCE_ENTRY
@@ -206,14 +212,14 @@ const std::vector<Variant>& registry() {
         {EVK_V(rope, neon), {}, "neon"},
         {EVK_V(add, neon), {}, "neon"},
         {EVK_V(gelu_mul, neon), {}, "neon"},
-        {EVK_V(matmul, neon_f32act), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon"},
+        {EVK_V(matmul, neon_f32act), dequantized_formats(), "neon"},
         {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
         {EVK_V(matmul, neon_q8act_dot_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
         {EVK_V(matmul, neon_q8act_i8mm), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,i8mm"},
 #endif
 #if defined(__x86_64__)
-        {EVK_V(matmul, avx2_f32act), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {EVK_V(matmul, avx2_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c",
+        {EVK_V(matmul, avx2_f32act), dequantized_formats(), "avx2,fma,f16c"},
+        {EVK_V(matmul, avx2_gemm), dequantized_formats(), "avx2,fma,f16c",
          nullptr, WLayout::kX8},
         {EVK_V(matmul, avx512_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx512f,avx512bw,avx512vl,fma,f16c",
          nullptr, WLayout::kX8, &kPackP16},

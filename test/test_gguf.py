@@ -333,13 +333,13 @@ def test_writer_alignment_1_puts_tensors_at_odd_offsets(tmp_path: Path) -> None:
 
 def test_tensor_of_a_format_without_kernels_loads_but_does_not_dequantize(tmp_path: Path) -> None:
     b = gb.GGUFBuilder()
-    b.add_tensor("q5", [32, 2], 6, bytes(2 * 22))  # Q5_0: known, not computable
+    b.add_tensor("q5", [32, 2], 9, bytes(2 * 36))  # Q8_1: known, not computable
     path = tmp_path / "q5.gguf"
     path.write_bytes(b.build())
     f = _engine.GGUFFile(str(path))
-    assert f.tensors()[0]["type"] == "Q5_0"
-    assert f.tensors()[0]["nbytes"] == 44
-    with pytest.raises(ValueError, match="Q5_0"):
+    assert f.tensors()[0]["type"] == "Q8_1"
+    assert f.tensors()[0]["nbytes"] == 72
+    with pytest.raises(ValueError, match="Q8_1"):
         f.dequantize("q5")
 
 

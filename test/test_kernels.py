@@ -132,7 +132,7 @@ def test_every_variant_is_classified_and_best_is_not_ref() -> None:
     unclassified = listed - FLOAT_ACT_VARIANTS - INT8_ACT_VARIANTS - SPLIT_BF16_VARIANTS
     assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS, INT8_ACT_VARIANTS or SPLIT_BF16_VARIANTS"
     chosen = _engine.kernel_variants()
-    assert set(chosen) == {f"matmul/{t}/{p}" for t in FLOAT_TYPES + QUANT_TYPES for p in ("decode", "prefill")} | {
+    assert set(chosen) == {f"matmul/{t}/{p}" for t in _engine.weight_formats() for p in ("decode", "prefill")} | {
         "attention", "softmax", "gelu_tanh", "silu_mul", "gelu_mul", "rmsnorm", "layernorm", "rope", "add"}
     for key, name in chosen.items():
         if key.startswith("matmul/"):

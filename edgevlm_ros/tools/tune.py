@@ -112,6 +112,13 @@ def random_weight(fmt: str, rows: int, k: int, rng: np.random.Generator) -> np.n
     return np.ascontiguousarray(np.tile(raw, (reps, 1))[:rows]).ravel()
 
 
+def _whole_blocks(fmt: str, k: int) -> bool:
+    try:
+        return _row_bytes(fmt, k) > 0
+    except ValueError:
+        return False
+
+
 def _row_bytes(fmt: str, k: int) -> int:
     from .. import _engine
 
@@ -212,7 +219,7 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
 
     rng = np.random.default_rng(0)
     if cfg.quick:
-        layer_shapes: list[tuple[int, int]] = [(64, 64), (96, 128)]
+        layer_shapes: list[tuple[int, int]] = [(64, 64), (96, 256)]  # k = 256: a K-quant super-block
         head: tuple[int, int] | None = (512, 64)
         what = "quick shapes"
     else:
@@ -229,6 +236,7 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
             shapes = [(r, k, False) for r, k in layer_shapes]
             if phase == "decode" and head is not None:
                 shapes.append((head[0], head[1], True))
+            shapes = [s for s in shapes if _whole_blocks(fmt, s[1])]  # K-quants: k a multiple of 256
             for rows, k, is_head in shapes:
                 stacked = rows
                 if phase == "decode" and not is_head:

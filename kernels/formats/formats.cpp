@@ -39,6 +39,26 @@ struct HalfTable {
 };
 const HalfTable& half_table() { static const HalfTable t; return t; }
 
+// Element j (< 32) of a Q5 block: its nibble (low of qs[j], high of qs[j - 16]) and bit j of qh.
+int q5_at(const uint8_t* qs, uint32_t qh, int j) {
+    const int nib = j < kQK / 2 ? (qs[j] & 0x0f) : (qs[j - kQK / 2] >> 4);
+    return nib | static_cast<int>(((qh >> j) & 1u) << 4);
+}
+
+// Q5 quantization of one block: q = trunc((x - lo) * id + bias), at most 31 (a NaN gives 0), its
+// low nibble into qs, its fifth bit into qh.
+void store_q5(const float* x, float id, float bias, float lo, uint8_t* qh_out, uint8_t* qs) {
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+        const int q0 = static_cast<int>(std::fmin(std::fmax((x[j] - lo) * id + bias, 0.f), 31.f));
+        const int q1 = static_cast<int>(std::fmin(std::fmax((x[j + kQK / 2] - lo) * id + bias, 0.f), 31.f));
+        qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+        qh |= static_cast<uint32_t>(q0 >> 4) << j;
+        qh |= static_cast<uint32_t>(q1 >> 4) << (j + kQK / 2);
+    }
+    std::memcpy(qh_out, &qh, 4);
+}
+
 }  // namespace
 
 float fp16_to_fp32(uint16_t h) { return half_table().v[h]; }
@@ -120,6 +140,84 @@ void quantize_row_q4_1(const float* x, void* dst, int64_t n) {
     }
 }
 
+// Q5_0 / Q5_1: Q4_0 / Q4_1's nibbles plus a fifth bit, bit j of the little-endian 32-bit qh for
+// element j. The quantizers are ggml's reference rule (the gguf package's too: bit-identical).
+void quantize_row_q5_0(const float* x, void* dst, int64_t n) {
+    uint8_t* blk = static_cast<uint8_t*>(dst);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, x += kQK, blk += sizeof(BlockQ5_0)) {
+        float amax = 0.f, max = 0.f;  // the signed value of largest magnitude maps to -16
+        for (int j = 0; j < kQK; ++j)
+            if (std::fabs(x[j]) > amax) { amax = std::fabs(x[j]); max = x[j]; }
+        const float d = max / -16.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        store_q5(x, id, 16.5f, 0.f, blk + offsetof(BlockQ5_0, qh), blk + offsetof(BlockQ5_0, qs));
+        store_u16(blk + offsetof(BlockQ5_0, d), fp32_to_fp16(d));
+    }
+}
+
+void quantize_row_q5_1(const float* x, void* dst, int64_t n) {
+    uint8_t* blk = static_cast<uint8_t*>(dst);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, x += kQK, blk += sizeof(BlockQ5_1)) {
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < kQK; ++j) { lo = std::fmin(lo, x[j]); hi = std::fmax(hi, x[j]); }
+        const float d = (hi - lo) / 31.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        store_q5(x, id, 0.5f, lo, blk + offsetof(BlockQ5_1, qh), blk + offsetof(BlockQ5_1, qs));
+        store_u16(blk + offsetof(BlockQ5_1, d), fp32_to_fp16(d));
+        store_u16(blk + offsetof(BlockQ5_1, m), fp32_to_fp16(lo));
+    }
+}
+
+namespace {
+
+// The index of the level nearest v (v / d of an element).
+int nearest_iq4nl(float v) {
+    int best = 0;
+    float be = std::fabs(v - kIQ4NLValues[0]);
+    for (int k = 1; k < 16; ++k) {
+        const float e = std::fabs(v - kIQ4NLValues[k]);
+        if (e < be) { be = e; best = k; }
+    }
+    return best;
+}
+
+}  // namespace
+
+// Ours: candidate scales around "largest magnitude at level -127" (a few percent either way), each
+// refit by least squares over its assignment (d = sum level x / sum level^2), the one of smallest
+// squared error kept; the final indices are chosen against the fp16 d the block stores.
+void quantize_row_iq4_nl(const float* x, void* dst, int64_t n) {
+    uint8_t* blk = static_cast<uint8_t*>(dst);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, x += kQK, blk += sizeof(BlockIQ4_NL)) {
+        float amax = 0.f, max = 0.f;
+        for (int j = 0; j < kQK; ++j)
+            if (std::fabs(x[j]) > amax) { amax = std::fabs(x[j]); max = x[j]; }
+        float best_d = max / -127.f, best = INFINITY;
+        for (int k = -6; k <= 6 && amax > 0.f; ++k) {
+            float d = max / -127.f * (1.f + 0.03f * static_cast<float>(k));
+            double svx = 0, svv = 0;
+            for (int j = 0; j < kQK; ++j) {
+                const double v = kIQ4NLValues[nearest_iq4nl(x[j] / d)];
+                svx += v * x[j], svv += v * v;
+            }
+            if (svv > 0 && svx != 0) d = static_cast<float>(svx / svv);
+            double err = 0;
+            for (int j = 0; j < kQK; ++j) {
+                const float e = d * static_cast<float>(kIQ4NLValues[nearest_iq4nl(x[j] / d)]) - x[j];
+                err += static_cast<double>(e) * e;
+            }
+            if (err < best) { best = static_cast<float>(err); best_d = d; }
+        }
+        const uint16_t dh = fp32_to_fp16(best_d);
+        const float d = fp16_to_fp32(dh);
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        uint8_t* qs = blk + offsetof(BlockIQ4_NL, qs);
+        for (int j = 0; j < kQK / 2; ++j)
+            qs[j] = static_cast<uint8_t>(nearest_iq4nl(x[j] * id) | (nearest_iq4nl(x[j + kQK / 2] * id) << 4));
+        store_u16(blk + offsetof(BlockIQ4_NL, d), dh);
+    }
+}
+
 namespace {
 
 // Reference conversions of a row to float, one per computable format (its to_float).
@@ -173,6 +271,50 @@ void q8_0_to_float(const void* src, float* dst, int64_t n) {
     }
 }
 
+// x = d * (q - 16); the gguf package computes the same float32 product.
+void q5_0_to_float(const void* src, float* dst, int64_t n) {
+    const float* h2f = half_table().v;
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ5_0)) {
+        const float d = h2f[load_u16(blk + offsetof(BlockQ5_0, d))];
+        uint32_t qh;
+        std::memcpy(&qh, blk + offsetof(BlockQ5_0, qh), 4);
+        const uint8_t* qs = blk + offsetof(BlockQ5_0, qs);
+        for (int j = 0; j < kQK; ++j) dst[j] = d * static_cast<float>(q5_at(qs, qh, j) - 16);
+    }
+}
+
+// x = d * q + m, rounded after the product and after the sum as gguf does (two statements: no
+// fused multiply-add, see kquants.cpp).
+void q5_1_to_float(const void* src, float* dst, int64_t n) {
+    const float* h2f = half_table().v;
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockQ5_1)) {
+        const float d = h2f[load_u16(blk + offsetof(BlockQ5_1, d))];
+        const float m = h2f[load_u16(blk + offsetof(BlockQ5_1, m))];
+        uint32_t qh;
+        std::memcpy(&qh, blk + offsetof(BlockQ5_1, qh), 4);
+        const uint8_t* qs = blk + offsetof(BlockQ5_1, qs);
+        for (int j = 0; j < kQK; ++j) {
+            const float p = d * static_cast<float>(q5_at(qs, qh, j));
+            dst[j] = p + m;
+        }
+    }
+}
+
+void iq4_nl_to_float(const void* src, float* dst, int64_t n) {
+    const float* h2f = half_table().v;
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, dst += kQK, blk += sizeof(BlockIQ4_NL)) {
+        const float d = h2f[load_u16(blk + offsetof(BlockIQ4_NL, d))];
+        const uint8_t* qs = blk + offsetof(BlockIQ4_NL, qs);
+        for (int j = 0; j < kQK / 2; ++j) {
+            dst[j] = d * static_cast<float>(kIQ4NLValues[qs[j] & 0x0f]);
+            dst[j + kQK / 2] = d * static_cast<float>(kIQ4NLValues[qs[j] >> 4]);
+        }
+    }
+}
+
 // From float (their from_float): F32 as is, F16 rounded to nearest even (fp32_to_fp16), BF16
 // likewise (the top 16 bits plus the rounding carry; a NaN stays a NaN, made quiet).
 void f32_from_float(const float* x, void* dst, int64_t n) { std::memcpy(dst, x, static_cast<size_t>(n) * 4); }
@@ -214,17 +356,18 @@ constexpr Entry kTypes[] = {
     format<uint16_t>(DType::F16, "F16", 1, f16_to_float, f16_from_float),
     format<BlockQ4_0>(DType::Q4_0, "Q4_0", kQK, q4_0_to_float, quantize_row_q4_0),
     format<BlockQ4_1>(DType::Q4_1, "Q4_1", kQK, q4_1_to_float, quantize_row_q4_1),
-    format<BlockQ5_0>(DType::Q5_0, "Q5_0", kQK),
-    format<BlockQ5_1>(DType::Q5_1, "Q5_1", kQK),
+    format<BlockQ5_0>(DType::Q5_0, "Q5_0", kQK, q5_0_to_float, quantize_row_q5_0),
+    format<BlockQ5_1>(DType::Q5_1, "Q5_1", kQK, q5_1_to_float, quantize_row_q5_1),
     format<BlockQ8_0>(DType::Q8_0, "Q8_0", kQK, q8_0_to_float, quantize_row_q8_0),
     format<BlockQ8_1>(DType::Q8_1, "Q8_1", kQK),
-    format<BlockQ2_K>(DType::Q2_K, "Q2_K", kQK_K),
-    format<BlockQ3_K>(DType::Q3_K, "Q3_K", kQK_K),
-    format<BlockQ4_K>(DType::Q4_K, "Q4_K", kQK_K),
-    format<BlockQ5_K>(DType::Q5_K, "Q5_K", kQK_K),
-    format<BlockQ6_K>(DType::Q6_K, "Q6_K", kQK_K),
-    format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K),
-    format<BlockIQ4_NL>(DType::IQ4_NL, "IQ4_NL", kQK),
+    format<BlockQ2_K>(DType::Q2_K, "Q2_K", kQK_K, dequantize_row_q2_k, quantize_row_q2_k),
+    format<BlockQ3_K>(DType::Q3_K, "Q3_K", kQK_K, dequantize_row_q3_k, quantize_row_q3_k),
+    format<BlockQ4_K>(DType::Q4_K, "Q4_K", kQK_K, dequantize_row_q4_k, quantize_row_q4_k),
+    format<BlockQ5_K>(DType::Q5_K, "Q5_K", kQK_K, dequantize_row_q5_k, quantize_row_q5_k),
+    format<BlockQ6_K>(DType::Q6_K, "Q6_K", kQK_K, dequantize_row_q6_k, quantize_row_q6_k),
+    // The activation side of K-quant dot kernels: a quantizer, never a weight format.
+    format<BlockQ8_K>(DType::Q8_K, "Q8_K", kQK_K, nullptr, quantize_row_q8_k),
+    format<BlockIQ4_NL>(DType::IQ4_NL, "IQ4_NL", kQK, iq4_nl_to_float, quantize_row_iq4_nl),
     format<int8_t>(DType::I8, "I8", 1),
     format<int16_t>(DType::I16, "I16", 1),
     format<int32_t>(DType::I32, "I32", 1),

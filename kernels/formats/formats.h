@@ -42,7 +42,7 @@ struct BlockQ4_0 { uint16_t d; uint8_t qs[kQK / 2]; };              // x = d * (
 struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[kQK / 2]; };  // x = d * q + m
 struct BlockQ8_0 { uint16_t d; int8_t qs[kQK]; };                   // x = d * q
 // In a 4-bit block, byte j holds element j in its low nibble and element j + 16 in its high one.
-// Known to the reader (sizes checked, no kernels yet):
+// Reference conversions (formats.cpp, kquants.cpp: the element order of each beside its decoder):
 struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
 struct BlockQ5_1 { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[kQK / 2]; };
 struct BlockQ8_1 { uint16_t d; uint16_t s; int8_t qs[kQK]; };
@@ -71,6 +71,11 @@ inline uint16_t load_u16(const void* p) {
     return v;
 }
 
+inline void store_u16(void* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
+
+// IQ4_NL's 16 levels (x = d * level of a 4-bit index): non-linear, denser near zero.
+inline constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);  // round to nearest even
 inline float bf16_to_fp32(uint16_t h) {
@@ -89,5 +94,20 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 void quantize_row_q8_0(const float* x, void* dst, int64_t n);
 void quantize_row_q4_0(const float* x, void* dst, int64_t n);
 void quantize_row_q4_1(const float* x, void* dst, int64_t n);
+void quantize_row_q5_0(const float* x, void* dst, int64_t n);
+void quantize_row_q5_1(const float* x, void* dst, int64_t n);
+void quantize_row_iq4_nl(const float* x, void* dst, int64_t n);
+// The K-quants (kquants.cpp): 256-element super-blocks; Q8_K is quantize-only (activations).
+void quantize_row_q2_k(const float* x, void* dst, int64_t n);
+void quantize_row_q3_k(const float* x, void* dst, int64_t n);
+void quantize_row_q4_k(const float* x, void* dst, int64_t n);
+void quantize_row_q5_k(const float* x, void* dst, int64_t n);
+void quantize_row_q6_k(const float* x, void* dst, int64_t n);
+void quantize_row_q8_k(const float* x, void* dst, int64_t n);
+void dequantize_row_q2_k(const void* src, float* dst, int64_t n);
+void dequantize_row_q3_k(const void* src, float* dst, int64_t n);
+void dequantize_row_q4_k(const void* src, float* dst, int64_t n);
+void dequantize_row_q5_k(const void* src, float* dst, int64_t n);
+void dequantize_row_q6_k(const void* src, float* dst, int64_t n);
 
 }  // namespace evk

@@ -64,9 +64,10 @@ int main() {
     for (const std::string& name : cpu_feature_names()) std::printf(" %s=%d", name.c_str(), has_cpu_feature(f, name) ? 1 : 0);
     std::printf("\n");
     // 113 rows split 56 / 57: a 48-row panel of avx512_gemm plus a partial one; k = 416: two
-    // 192-element k blocks of avx512_gemm and a tail block.
+    // 192-element k blocks of avx512_gemm and a tail block; k = 256: one K-quant super-block (the
+    // only k of the set those formats take).
     const int64_t rows_set[] = {1, 3, 17, 64, 113};
-    const int64_t k_set[] = {32, 96, 160, 576, 416};
+    const int64_t k_set[] = {32, 96, 160, 576, 416, 256};
     const int64_t m_set[] = {1, 2, 5, 13};
     for (const VariantInfo& v : list_variants()) {
         if (!v.available) {
@@ -84,6 +85,7 @@ int main() {
             for (int64_t rows : rows_set)
                 for (int64_t k : k_set)
                     for (int64_t m : m_set) {
+                        if (row_bytes(t, k) == 0) continue;  // k not a whole number of t's blocks
                         const std::vector<uint8_t> w = make_weights(t, rows, k, rng);
                         std::vector<float> x(static_cast<size_t>(m * k));
                         for (float& e : x) e = nd(rng);
