@@ -30,8 +30,7 @@ std::vector<bool> local_layers(const GGUFFile& f, const std::string& a, int64_t 
         for (int64_t l = 0; l < n_layer; ++l) local[static_cast<size_t>(l)] = v->raw[static_cast<size_t>(l)] != 0;
         return local;
     }
-    const uint64_t period = v ? f.get_uint(key) : 6;
-    if (period > static_cast<uint64_t>(n_layer) + 1) f.fail(key, "period " + std::to_string(period) + " is out of range");
+    const uint64_t period = v ? f.get_uint(key) : 6;  // any period is well-defined (one longer than the model: all local)
     for (int64_t l = 0; l < n_layer; ++l)
         local[static_cast<size_t>(l)] = period == 0 || static_cast<uint64_t>(l) % period < period - 1;
     return local;
