@@ -1,5 +1,5 @@
-"""`edgevlm` command line: a dispatcher over the layers (generate, describe, convert, bench, tune,
-camera, demo). Nothing in the package imports it back; each subcommand's module is imported only
+"""`edgevlm` command line: a dispatcher over the layers (generate, describe, convert, quantize, bench,
+tune, camera, demo). Nothing in the package imports it back; each subcommand's module is imported only
 when that subcommand runs, so `edgevlm generate` loads no ROS.
 
 Errors are one line on stderr and a non-zero exit, never a traceback.
@@ -52,9 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .ros.camera import add_camera_arguments
     from .ros.demo import add_demo_arguments
     from .tools.bench import add_bench_arguments
+    from .tools.quantize import add_quantize_arguments
     from .tools.tune import add_tune_arguments
 
     add_bench_arguments(sub.add_parser("bench", help="our engine and llama.cpp side by side on the same GGUF"))
+    add_quantize_arguments(sub.add_parser("quantize", help="requantize a GGUF: q4_k_m, q5_k_m (K-quant mixes) or q8_0"))
     add_tune_arguments(sub.add_parser("tune", help="measure the kernel variants here and write an operator table"))
     add_camera_arguments(sub.add_parser("camera", help="publish sensor_msgs/Image from scenes, a folder, a video "
                                                        "or a V4L2 device"))
@@ -128,7 +130,8 @@ def _lazy(module: str, func: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"generate": _generate, "describe": _describe, "convert": _convert,
-                "bench": _lazy("tools.bench", "run_bench"), "tune": _lazy("tools.tune", "run_tune"),
+                "bench": _lazy("tools.bench", "run_bench"), "quantize": _lazy("tools.quantize", "run_quantize"),
+                "tune": _lazy("tools.tune", "run_tune"),
                 "camera": _lazy("ros.camera", "run_camera"), "demo": _lazy("ros.demo", "run_demo")}
     return run_command(handlers[args.command], args)
 

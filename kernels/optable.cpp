@@ -45,6 +45,9 @@ void matmul_avx2_q8act(const MatmulArgs&);
 void matmul_avx2_q8act_x8(const MatmulArgs&);
 void matmul_avxvnni_q8act_x8(const MatmulArgs&);
 void matmul_avx512vnni_q8act_x8(const MatmulArgs&);
+void matmul_avx2_q8act_k(const MatmulArgs&);
+void matmul_avxvnni_q8act_k(const MatmulArgs&);
+void matmul_avx512vnni_q8act_k(const MatmulArgs&);
 void matmul_avx512_gemm(const MatmulArgs&);
 void matmul_amx_gemm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
@@ -193,6 +196,8 @@ struct Variant {
 // A registry entry's name and kernel from (operator, variant): the function is always
 // <operator>_<variant>, defined in kernels/<folder>/<folder>_<isa>*.cpp (test_kernels checks the file).
 #define EVK_V(op, variant) #variant, of::op(op##_##variant)
+// The formats of the K-quant decode kernels (kernels/matmul/kquant_avx2.h), in a brace list.
+#define EVK_KQUANT_FORMATS DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K
 
 // Every computable format: the variants that read weight rows through dequantize_row run them all.
 std::vector<DType> dequantized_formats() {
@@ -213,7 +218,8 @@ const std::vector<Variant>& registry() {
         {EVK_V(add, neon), {}, "neon"},
         {EVK_V(gelu_mul, neon), {}, "neon"},
         {EVK_V(matmul, neon_f32act), dequantized_formats(), "neon"},
-        {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod"},
+        {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K,
+                                         DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "neon,dotprod"},
         {EVK_V(matmul, neon_q8act_dot_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
         {EVK_V(matmul, neon_q8act_i8mm), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,i8mm"},
 #endif
@@ -226,10 +232,13 @@ const std::vector<Variant>& registry() {
         {EVK_V(matmul, amx_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0},
          "amxbf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c", nullptr, WLayout::kX8, &kPackP16, &kActBf16x2, 32},
         {EVK_V(matmul, avx2_q8act), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
-        {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c", &kPackX8},
-        {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
+        {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0}, "avx2,fma,f16c", &kPackX8},
+        {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0}, "avx2,fma,f16c,avxvnni", &kPackX8},
         {EVK_V(matmul, avx512vnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0},
          "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackX8},
+        {EVK_V(matmul, avx2_q8act_k), {EVK_KQUANT_FORMATS}, "avx2,fma,f16c"},
+        {EVK_V(matmul, avxvnni_q8act_k), {EVK_KQUANT_FORMATS}, "avx2,fma,f16c,avxvnni"},
+        {EVK_V(matmul, avx512vnni_q8act_k), {EVK_KQUANT_FORMATS}, "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"},
         {EVK_V(attention, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(softmax, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(gelu_tanh, avx2), {}, "avx2,fma,f16c"},
@@ -244,6 +253,7 @@ const std::vector<Variant>& registry() {
     return v;
 }
 #undef EVK_V
+#undef EVK_KQUANT_FORMATS
 
 bool is_table_op(const std::string& op) {
     for (const std::string& n : table_operators()) if (n == op) return true;
@@ -286,40 +296,48 @@ bool valid_shape(const std::string& s) {
     if (s == "any") return true;
     for (const char* p : {"rows>=", "rows<", "k>=", "k<"}) {
         const std::string pre(p);
-        if (s.rfind(pre, 0) == 0 && s.size() > pre.size() &&
+        // At most 18 digits: the bound fits int64_t (std::stoll in shape_matches never throws).
+        if (s.rfind(pre, 0) == 0 && s.size() > pre.size() && s.size() - pre.size() <= 18 &&
             s.find_first_not_of("0123456789", pre.size()) == std::string::npos)
             return true;
     }
     return false;
 }
 
+// One rule from its columns; `where` names it in errors ("operator table line 12").
+Rule parse_rule(const std::string& text, const std::string& where) {
+    std::stringstream ls(text);
+    Rule r;
+    std::string extra;
+    if (!(ls >> r.op >> r.format >> r.phase >> r.shape >> r.features >> r.variant) || (ls >> extra))
+        throw std::invalid_argument(where + ": expected 6 columns");
+    if (!known_op(r.op)) throw std::invalid_argument(where + ": unknown operator '" + r.op + "'");
+    if (r.phase != "*" && r.phase != "decode" && r.phase != "prefill")
+        throw std::invalid_argument(where + ": unknown phase '" + r.phase + "'");
+    if (!valid_shape(r.shape)) throw std::invalid_argument(where + ": bad shape class '" + r.shape + "'");
+    for (const std::string& feature : feature_list(r.features))
+        if (!known_cpu_feature(feature))
+            throw std::invalid_argument(where + ": unknown CPU feature '" + feature + "'");
+    return r;
+}
+
+// The rules of a table: one per line, or several on a line separated by ';' (the compiled-in
+// default is one such line). A '#' comments out the rest of its line, ';' included: the comment
+// is cut before the line is split into rules, so prose in a copied optable.tsv stays prose.
 std::vector<Rule> parse(const std::string& text) {
     std::vector<Rule> rules;
+    std::stringstream in(text);
     std::string line;
     int lineno = 0;
-    std::string norm = text;
-    for (char& c : norm) if (c == ';') c = '\n';
-    std::stringstream in(norm);
     while (std::getline(in, line)) {
         ++lineno;
         const size_t hash = line.find('#');
         if (hash != std::string::npos) line.resize(hash);
-        std::stringstream ls(line);
-        Rule r;
-        if (!(ls >> r.op)) continue;  // blank or comment
-        std::string extra;
-        if (!(ls >> r.format >> r.phase >> r.shape >> r.features >> r.variant) || (ls >> extra))
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": expected 6 columns");
-        if (!known_op(r.op))
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown operator '" + r.op + "'");
-        if (r.phase != "*" && r.phase != "decode" && r.phase != "prefill")
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown phase '" + r.phase + "'");
-        if (!valid_shape(r.shape))
-            throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": bad shape class '" + r.shape + "'");
-        for (const std::string& feature : feature_list(r.features))
-            if (!known_cpu_feature(feature))
-                throw std::invalid_argument("operator table line " + std::to_string(lineno) + ": unknown CPU feature '" + feature + "'");
-        rules.push_back(r);
+        std::stringstream rest(line);
+        std::string rule;
+        while (std::getline(rest, rule, ';'))
+            if (rule.find_first_not_of(" \t\r") != std::string::npos)  // blank: skipped
+                rules.push_back(parse_rule(rule, "operator table line " + std::to_string(lineno)));
     }
     return rules;
 }

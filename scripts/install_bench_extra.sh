@@ -12,21 +12,49 @@
 #                                               to .venv/bin: `edgevlm bench` then times
 #                                               llama.cpp's vision encoder too
 #   scripts/install_bench_extra.sh --force      rebuild even if installed
-# Environment: JOBS (parallel compile jobs, default: cores), VPY (default .venv/bin/python).
+#   scripts/install_bench_extra.sh --robot      only libllama for the robot profile (x86 robot
+#                                               computer: AVX2 + AVX-VNNI + FMA + F16C, no AVX-512,
+#                                               no AMX; -DGGML_NATIVE=OFF), built with CMake from
+#                                               the llama-cpp-python sdist into ROBOT_LIB (~10-20
+#                                               min on 2 cores): `edgevlm bench --profile robot`
+#                                               loads it through LLAMA_CPP_LIB_PATH
+#   --sdist PATH                                with --robot: the sdist to build (.tar.gz or its
+#                                               unpacked folder; default: pip download of the
+#                                               installed llama-cpp-python's version)
+# Environment: JOBS (parallel compile jobs, default: cores), VPY (default .venv/bin/python),
+#   ROBOT_LIB (default: $EDGEVLM_ROBOT_LLAMA_LIB, else ${XDG_CACHE_HOME:-~/.cache}/edgevlm/llama-robot,
+#   where `edgevlm bench --profile robot` looks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VPY=${VPY:-.venv/bin/python}
 JOBS=${JOBS:-$(nproc)}
+ROBOT_LIB=${ROBOT_LIB:-${EDGEVLM_ROBOT_LLAMA_LIB:-${XDG_CACHE_HOME:-$HOME/.cache}/edgevlm/llama-robot}}
 with_mtmd=0
 force=0
-for arg in "$@"; do
-    case "$arg" in
+robot=0
+sdist=""
+while [ $# -gt 0 ]; do
+    case "$1" in
         --with-mtmd) with_mtmd=1 ;;
         --force) force=1 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "install_bench_extra: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+        --robot) robot=1 ;;
+        --sdist)
+            [ $# -ge 2 ] || { echo "install_bench_extra: --sdist needs a path" >&2; exit 2; }
+            sdist=$2; shift ;;
+        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "install_bench_extra: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
+    shift
 done
+if [ -n "$sdist" ] && [ "$robot" = 0 ]; then
+    echo "install_bench_extra: --sdist goes with --robot" >&2; exit 2
+fi
+if [ -n "$sdist" ] && [ ! -e "$sdist" ]; then
+    echo "install_bench_extra: --sdist $sdist not found" >&2; exit 2
+fi
+if [ "$robot" = 1 ] && [ "$with_mtmd" = 1 ]; then
+    echo "install_bench_extra: --robot builds only libllama; run --with-mtmd separately" >&2; exit 2
+fi
 if [ ! -x "$VPY" ]; then
     echo "install_bench_extra: $VPY not found: run scripts/setup.sh first" >&2
     exit 1
@@ -34,6 +62,51 @@ fi
 
 GGML_CPU_ONLY="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF"
 LLAMA_MIN="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
+
+if [ "$robot" = 1 ]; then
+    # The robot profile: what an x86 robot computer (e.g. Alder Lake / Arrow Lake class) has;
+    # AVX-512 and AMX explicitly off. Built where the bench runs or cross-built on any x86.
+    ROBOT_FLAGS="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX_VNNI=ON \
+-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF \
+-DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+-DGGML_AMX_BF16=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF \
+-DGGML_SYCL=OFF -DGGML_OPENCL=OFF"
+    if [ "$force" = 0 ] && [ -f "$ROBOT_LIB/libllama.so" ]; then
+        echo "[bench-extra] $ROBOT_LIB/libllama.so exists (--force rebuilds)"
+        exit 0
+    fi
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    if [ -z "$sdist" ]; then
+        version=$("$VPY" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || echo 0.3.36)
+        "$VPY" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$version"
+        sdist=$(echo "$work"/llama_cpp_python-*.tar.gz)
+    fi
+    # A private copy: the given folder may be read-only and is never written.
+    mkdir "$work/src"
+    if [ -d "$sdist" ]; then
+        cp -r "$sdist/vendor/llama.cpp" "$work/src/"
+    else
+        tar -xzf "$sdist" -C "$work/src" --strip-components=2 --wildcards '*/vendor/llama.cpp'
+    fi
+    [ -f "$work/src/llama.cpp/CMakeLists.txt" ] || {
+        echo "install_bench_extra: $sdist holds no vendor/llama.cpp" >&2; exit 1; }
+    echo "[bench-extra] building libllama for the robot profile ($JOBS jobs) into $ROBOT_LIB"
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    cmake -S "$work/src/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
+        $ROBOT_FLAGS $LLAMA_MIN -DLLAMA_BUILD_TOOLS=OFF > "$work/cmake.log" || {
+        tail -20 "$work/cmake.log" >&2; exit 1; }
+    cmake --build "$work/build" --target llama -j "$JOBS" > "$work/build.log" || {
+        tail -20 "$work/build.log" >&2; exit 1; }
+    mkdir -p "$ROBOT_LIB"
+    cp -P "$work"/build/bin/lib*.so* "$ROBOT_LIB/"
+    echo "[bench-extra] built $ROBOT_LIB/libllama.so in $(( ($(date +%s) - start) / 60 )) min"
+    # Loading runs no AVX-VNNI instruction: the check works on a build machine without it.
+    LLAMA_CPP_LIB_PATH="$ROBOT_LIB" "$VPY" -c "import llama_cpp; print('[bench-extra] robot llama.cpp:', llama_cpp.llama_print_system_info().decode().strip())"
+    exit 0
+fi
 
 if [ "$force" = 1 ] || ! "$VPY" -c "import llama_cpp" 2>/dev/null; then
     echo "[bench-extra] building llama-cpp-python from its sdist ($JOBS jobs; ~12-25 min on 2 cores)"

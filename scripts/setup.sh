@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-time (and idempotent) setup: .venv, dependencies, test model, native extension.
+# One-time (and idempotent) setup: .venv, dependencies, test models (fetch_models.sh), native extension.
 # A second run reuses what the first installed: pip skips satisfied requirements, the model
 # is only fetched when missing, and the extension is rebuilt only when sources changed.
 set -euo pipefail

@@ -217,3 +217,240 @@ def test_tune_default_path_is_the_tuned_table(tmp_path, monkeypatch, capsys, res
     assert "the engine loads it at its next start" in capsys.readouterr().out
     assert optable.TUNED_TABLE.is_file()
     assert optable.activate() == str(optable.TUNED_TABLE)
+
+
+# -- the operator-table loader, the robot profile, both bandwidth floors -------------------------
+
+# Run in this process and in a child: every choice the active table makes, as JSON.
+_CHOICES = """
+import json
+from edgevlm_ros import _engine
+from edgevlm_ros.engine import optable
+source = optable.ensure_active()
+shapes = [(96, 128), (576, 576), (49152, 576), (1536, 4096)]
+matmul = {f"{fmt} {phase} {r}x{k}": _engine.choose_matmul(fmt, phase, r, k)
+          for fmt in _engine.weight_formats() for phase in ("decode", "prefill") for r, k in shapes}
+ops = {op: _engine.choose(op) for op in _engine.operators()}
+print(json.dumps({"source": source, "matmul": matmul, "ops": ops}))
+"""
+
+
+def _choices_here() -> dict:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(_CHOICES, {})  # noqa: S102 - the same code the child runs
+    return json.loads(out.getvalue())
+
+
+def _choices_in_child(env_table: Path) -> dict:
+    import os
+    import subprocess
+
+    env = dict(os.environ, EDGEVLM_OPTABLE=str(env_table), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _CHOICES], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_shipped_optable_through_env_matches_builtin(tmp_path, restore_optable):
+    """A copy of kernels/optable.tsv, comments and all (its prose has ';' in it), loaded through
+    $EDGEVLM_OPTABLE by a separate process, makes every choice the built-in table makes."""
+    shipped = (ROOT / "kernels" / "optable.tsv").read_text(encoding="utf-8")
+    assert any(";" in line.split("#", 1)[1] for line in shipped.splitlines() if "#" in line)  # the old failure
+    copy = tmp_path / "optable.tsv"
+    copy.write_text(shipped, encoding="utf-8")
+    optable.activate_text(optable._builtin_text(), "built-in default (kernels/optable.tsv)")
+    here = _choices_here()
+    child = _choices_in_child(copy)
+    assert child["source"] == str(copy)
+    assert child["matmul"] == here["matmul"] and child["ops"] == here["ops"]
+
+
+def test_optable_comments_keep_their_semicolons_and_lines(restore_optable):
+    text = ("# prose; with semicolons; a b c d e f g h\n"
+            "matmul  Q4_0  decode  any  -  ref ; rmsnorm  *  *  any  -  ref   # two rules; one line\n")
+    assert optable.activate_text(text, "t") == "t"
+    assert _engine.choose_matmul("Q4_0", "decode", 96, 128) == "ref"
+    # Errors still name the physical line, also after a comment with ';' in it.
+    with pytest.raises(ValueError, match="operator table line 3: expected 6 columns"):
+        optable.activate_text("# a; b\n\nmatmul Q4_0 decode any -\n", "t")
+    with pytest.raises(ValueError, match="operator table line 1: unknown operator 'softmaxx'"):
+        optable.activate_text("matmul Q4_0 decode any - ref;softmaxx * * any - ref", "t")
+    with pytest.raises(ValueError, match="line 1: bad shape class 'rows>=9999999999999999999'"):
+        optable.activate_text("matmul Q4_0 decode rows>=9999999999999999999 - ref", "t")
+
+
+def test_robot_table_is_shipped_and_runs_no_avx512(restore_optable):
+    """config/optable-robot-avx2-vnni.tsv is the robot table (regenerate it when optable.tsv
+    changes: python -m edgevlm_ros.engine.optable robot > config/optable-robot-avx2-vnni.tsv)."""
+    text = optable.robot_table()
+    shipped = ROOT / "config" / optable.ROBOT_TABLE_NAME
+    assert shipped.read_text(encoding="utf-8") == text, "regenerate " + str(shipped)
+    rules = [ln.split() for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert rules and all(len(r) == 6 for r in rules)
+    assert any("avxvnni" in r[4] for r in rules) and any(r[5] == "avx2_gemm" for r in rules)
+    for r in rules:
+        assert r[4] == "-" or set(r[4].split(",")) <= set(optable.ROBOT_FEATURES.split(",")), r
+    # The built-in rules with AVX-512 / AMX are the ones left out, nothing else.
+    builtin = optable.restrict_rules(optable._builtin_text(), [f for f in _engine.cpu_features()])
+    assert len(builtin) > len(rules)
+    assert all(any(f.startswith(("avx512", "amx", "neon", "dotprod")) for f in r.split()[4].split(","))
+               for r in builtin if r.split() not in rules)
+    optable.activate(shipped)
+    cpu = _engine.cpu_features()
+    if not cpu["avx2"]:
+        pytest.skip("needs an AVX2 CPU")
+    want = "avxvnni_q8act_x8" if cpu["avxvnni"] else "avx2_q8act_x8"
+    for fmt in ("Q4_0", "Q4_1", "Q8_0"):
+        assert _engine.choose_matmul(fmt, "decode", 576, 576) == want
+    for fmt in ("F32", "F16", "Q8_0"):
+        assert _engine.choose_matmul(fmt, "prefill", 96, 576) == "avx2_gemm"
+
+
+def test_bandwidth_floors_say_which_binds():
+    model = {"mib": 92.0, "all_gbs": 30.0}
+    dram = {"mib": 1024.0, "all_gbs": 12.0}
+    fl = bench.bandwidth_floors(96_000_000, model, dram)
+    assert fl["binds"] == "model_sized" and fl["floor_ms"] == pytest.approx(3.2)
+    assert fl["dram"]["floor_ms"] == pytest.approx(8.0)
+    assert bench.bandwidth_floors(96_000_000, dict(model, all_gbs=10.0), dram)["binds"] == "dram"
+
+
+def test_peer_lib_choice(tmp_path, monkeypatch):
+    empty = tmp_path / "none"
+    robot_cpu = dict.fromkeys(optable.ROBOT_FEATURES.split(","), True)
+    lib, why = bench.choose_peer_lib(empty, "robot", robot_cpu)
+    assert lib is None and "install_bench_extra.sh --robot" in why
+    built = tmp_path / "robot"
+    built.mkdir()
+    (built / "libllama.so").write_bytes(b"")
+    lib, why = bench.choose_peer_lib(built, "robot", dict(robot_cpu, avxvnni=False))
+    assert lib is None and "lacks avxvnni" in why
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not loaded in this process
+    assert bench.choose_peer_lib(built, "robot", robot_cpu)[0] == built
+    assert bench.choose_peer_lib(built, "native", {})[0] == built  # --peer-lib: any build, as given
+
+
+def test_bench_robot_profile_quick(capsys, monkeypatch, tmp_path, text_model_path, restore_optable):
+    """--profile robot: our engine on the robot table (no AVX-512 / AMX variant serves anything),
+    both floors printed; the robot llama.cpp build is looked for where the script puts it."""
+    monkeypatch.setenv("EDGEVLM_ROBOT_LLAMA_LIB", str(tmp_path / "no-build"))
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    rc = bench.main(["--quick", "--model", str(text_model_path), "--profile", "robot", "--no-vision", "--no-rss",
+                     "--prefill-tokens", "8", "--decode-tokens", "4", "--bandwidth-mib", "16", "--json"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["profile"]["name"] == "robot" and result["optable"].startswith("robot profile")
+    assert "no libllama.so in" in result["peer_status"]
+    assert "LLAMA_CPP_LIB_PATH" not in __import__("os").environ
+    used = result["ours_variants"]
+    assert "avx512" not in used and "amx" not in used and "avx2" in used, used
+    rf = result["roofline"]
+    wb = rf["weight_bytes_per_token"]["total"]
+    assert rf["floors"]["model_sized"]["mib"] == pytest.approx(wb / 2**20)
+    assert rf["floors"]["dram"]["mib"] == 16.0
+    assert rf["floor_ms"] == min(rf["floors"]["model_sized"]["floor_ms"], rf["floors"]["dram"]["floor_ms"])
+    assert "floor (model-sized buffer" in captured.err and "floor (DRAM buffer, 16 MiB)" in captured.err
+    assert "floor binds" in captured.err and "profile robot" in captured.err
+
+
+def test_bench_optable_file_option(tmp_path, text_model_path, restore_optable):
+    """--optable FILE: our engine runs that table (here: AVX2 f32-activation kernels for every
+    product, which no built-in rule picks for these formats), over the profile's."""
+    import argparse
+
+    if not _engine.cpu_features()["avx2"]:
+        pytest.skip("needs an AVX2 CPU")
+    table = tmp_path / "f32act.tsv"
+    table.write_text("# every product; one kernel\nmatmul  *  *  any  avx2,fma,f16c  avx2_f32act\n", encoding="utf-8")
+    parser = bench.add_bench_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", str(text_model_path), "--profile", "robot", "--optable", str(table),
+                              "--no-peer"])
+    cfg = bench.config_from_args(args)
+    assert bench.apply_profile(cfg) == {"name": "robot", "optable": str(table)}  # --no-peer: no library chosen
+    assert _engine.optable_source() == str(table)
+    for fmt in ("Q4_1", "Q8_0"):
+        for phase in ("decode", "prefill"):
+            assert _engine.choose_matmul(fmt, phase, 576, 576) == "avx2_f32act"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--profile", "xeon"])
+
+
+def test_install_bench_extra_arguments():
+    import subprocess
+
+    script = ROOT / "scripts" / "install_bench_extra.sh"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30, check=False)
+
+    assert "--robot" in run("--help").stdout
+    for args, msg in ((["--sdist", "x"], "--sdist goes with --robot"),
+                      (["--robot", "--sdist"], "--sdist needs a path"),
+                      (["--robot", "--sdist", "/nonexistent/sdist"], "not found"),
+                      (["--robot", "--with-mtmd"], "builds only libllama"),
+                      (["--bogus"], "unknown argument")):
+        proc = run(*args)
+        assert proc.returncode == 2 and msg in proc.stderr, (args, proc.stderr)
+
+
+def test_bench_peer_lib_loads_that_build(tmp_path, text_model_path):
+    """--peer-lib DIR: llama.cpp is the libllama in DIR (through LLAMA_CPP_LIB_PATH, with the
+    libggml beside it), in a bench process of its own (this one may have loaded llama_cpp)."""
+    import importlib.util
+    import os
+    import shutil
+    import subprocess
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        pytest.skip("llama-cpp-python is not installed (scripts/install_bench_extra.sh)")
+    lib = tmp_path / "peer-lib"
+    shutil.copytree(Path(spec.origin).parent / "lib", lib, symlinks=True)
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    proc = subprocess.run([sys.executable, "-m", "edgevlm_ros.tools.bench", "--quick", "--model", str(text_model_path),
+                           "--peer-lib", str(lib), "--no-vision", "--no-rss", "--prefill-tokens", "4",
+                           "--decode-tokens", "2", "--bandwidth-mib", "8", "--peer-extra-bufts", "off",
+                           "--json", str(out)], capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["profile"]["peer_lib"] == str(lib)
+    libs = result["peer_libraries"]
+    assert any(Path(p).name.startswith("libllama") for p in libs), libs
+    assert all(p.startswith(str(lib)) for p in libs), libs
+    assert result["rows"][0]["peer"] > 0 and "libraries: " + str(lib) in proc.stdout
+
+
+GEMMA = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
+
+
+def test_bench_gemma_text_only(capsys):
+    """The Gemma 3 270M Q4_K_M file: a text-only base model (no chat template, no mmproj); the
+    bench feeds its prompts raw and counts its tied 262k x 640 Q8_0 head in the bytes a token reads."""
+    if not GEMMA.is_file():
+        pytest.skip(f"{GEMMA} is missing (scripts/fetch_models.sh fetches it)")
+    from edgevlm_ros.engine.text_model import TextModel
+
+    try:
+        TextModel(GEMMA, threads=1, n_ctx=64)
+    except ValueError as exc:  # this checkout lacks the gemma3 decoder or the SentencePiece tokenizer
+        if "gemma3" in str(exc) or "tokenizer model" in str(exc):
+            pytest.skip(f"the engine does not run the Gemma file yet ({exc})")
+        raise
+    rc = bench.main(["--quick", "--model", str(GEMMA), "--no-peer", "--no-vision", "--no-rss",
+                     "--prefill-tokens", "4", "--decode-tokens", "2", "--bandwidth-mib", "8", "--json"])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out)
+    wb = result["roofline"]["weight_bytes_per_token"]
+    assert wb["head_type"] == "Q8_0" and wb["head"] == 262144 * 640 // 32 * 34
+    assert set(wb["layer_types"]) >= {"Q4_K", "Q6_K", "Q5_0"}
+    assert result["roofline"]["floors"]["model_sized"]["mib"] == pytest.approx(wb["total"] / 2**20)
+    assert {r["key"]: r["ours"] for r in result["rows"]}["decode_2"] > 0

@@ -36,6 +36,7 @@ from edgevlm_ros import _engine
 from edgevlm_ros.engine.tokenizer import Tokenizer
 from edgevlm_ros.tools.convert import convert, main
 from edgevlm_ros.tools.gguf_writer import GGMLType, GGUFValueType, GGUFWriter, resolve_tensor_type
+from edgevlm_ros.tools.quant_mix import TensorSpec, plan_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_fixtures as fx  # noqa: E402
@@ -364,11 +365,17 @@ def test_quantized_text_logits_match_hf_on_the_same_weights(converted: dict[str,
                                                             hf_tokenizer: Any, wtype: str) -> None:
     """The quantized file, run by the engine, equals transformers running the dequantized weights:
     so the file holds the right tensors in the right places for every format."""
+    worst = logits_match_dequantized(converted[wtype][0], hf_model, hf_tokenizer)
+    print(f"{wtype} text logits vs transformers on the dequantized weights: worst relative L2 {worst:.3g}")
+
+
+def logits_match_dequantized(path: Path, hf_model: Any, hf_tokenizer: Any) -> float:
+    """Asserts the engine running the text GGUF `path` gives the logits of transformers running that
+    file's weights, dequantized; returns the worst relative L2 error."""
     import torch
 
     import edgevlm_ros
 
-    path = converted[wtype][0]
     g = _engine.GGUFFile(str(path))
     state = {}
     for gname, (hname, _) in text_layout().items():
@@ -387,7 +394,37 @@ def test_quantized_text_logits_match_hf_on_the_same_weights(converted: dict[str,
     for prompt in PROMPTS[:2]:
         ids = hf_tokenizer.encode(prompt, add_special_tokens=False)
         worst = max(worst, assert_logits_close(model.logits(ids), hf_logits(ref_model, ids)))
-    print(f"{wtype} text logits vs transformers on the dequantized weights: worst relative L2 {worst:.3g}")
+    return worst
+
+
+def test_k_quant_mix_conversion(hf_dir: Path, hf_tensors: dict[str, np.ndarray], hf_model: Any, hf_tokenizer: Any,
+                                tmp_path: Path) -> None:
+    """--type q4_k_m: the text decoder as edgevlm quantize's mix (576-wide rows fall back to Q5_0, the
+    1536-wide ffn_down rows stay K-quants), the mmproj as Q8_0; the engine runs it like transformers
+    runs its dequantized weights."""
+    text_path, mmproj_path = convert(hf_dir, tmp_path, "q4_k_m", name=NAME)
+    g = _engine.GGUFFile(str(text_path))
+    types = {t["name"]: t["type"] for t in g.tensors()}
+    specs = [TensorSpec(n, shape, GGMLType.F32) for n, (_, shape) in text_layout().items()]
+    assert types == {n: t.name for n, t in plan_types(specs, "q4_k_m", N_TEXT).items()}
+    # of 2 layers the last gets more bits: its attn_v Q6_K -> Q8_0 (fallback), its ffn_down Q6_K
+    assert (types["token_embd.weight"], types["blk.0.attn_v.weight"], types["blk.1.attn_v.weight"]) == \
+        ("Q8_0", "Q5_0", "Q8_0")
+    assert (types["blk.0.ffn_down.weight"], types["blk.1.ffn_down.weight"]) == ("Q4_K", "Q6_K")
+    assert g.metadata()["general.file_type"] == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    raw = text_path.read_bytes()
+    for gname, hname in (("blk.1.ffn_down.weight", "model.text_model.layers.1.mlp.down_proj.weight"),
+                         ("blk.1.attn_q.weight", "model.text_model.layers.1.self_attn.q_proj.weight")):
+        info = next(t for t in g.tensors() if t["name"] == gname)
+        x = reference(gname, hf_tensors[hname])
+        row_bytes = info["nbytes"] // x.shape[0]
+        want = _engine.quantize(info["type"], np.ascontiguousarray(x[3])).tobytes()
+        assert raw[info["offset"] + 3 * row_bytes : info["offset"] + 4 * row_bytes] == want, gname
+    for t in _engine.GGUFFile(str(mmproj_path)).tensors():
+        shape = tuple(t["shape"][::-1])
+        assert t["type"] == expected_type(t["name"], shape, "q8_0"), t["name"]
+    worst = logits_match_dequantized(text_path, hf_model, hf_tokenizer)
+    print(f"q4_k_m text logits vs transformers on the dequantized weights: worst relative L2 {worst:.3g}")
 
 
 # -- (c) the tokenizer built from the GGUF equals the HF tokenizer -----------------------------------------
@@ -756,7 +793,7 @@ def test_writer_refuses_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs its shape"):
         w.add_tensor("lazy", lambda: np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="unknown tensor type"):
-        w.add_tensor("t", np.zeros(32, np.float32), "q5_k")
+        w.add_tensor("t", np.zeros(32, np.float32), "q7_k")  # q5_k became a real format (Q5_K)
     w.add_tensor("liar", lambda: np.zeros((2, 32), np.float32), "f32", shape=(3, 32))
     with pytest.raises(ValueError, match="not the declared"):
         w.write(tmp_path / "bad.gguf")

@@ -40,10 +40,13 @@ DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the varian
 
 # Every matmul variant, by how it treats activations. A new variant must be added to one of these.
 FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
-INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8", "avx512vnni_q8act_x8"}
+INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8", "avx512vnni_q8act_x8",
+                     "avx2_q8act_k", "avxvnni_q8act_k", "avx512vnni_q8act_k"}
 SPLIT_BF16_VARIANTS = {"amx_gemm"}
 SPLIT_BF16_TOL = 6e-5  # of sum |w||x|
 GEMM_VARIANTS = ("avx512_gemm", "amx_gemm")  # the panel GEMMs with p16 and k-block paths of their own
+# The formats of the K-quant era (kernels/matmul/kquant_avx2.h): blocks of 32 and super-blocks of 256.
+KQUANT_TYPES = ("Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def float_bound(variant: str, magnitude: np.ndarray) -> np.ndarray:
@@ -391,6 +394,141 @@ def test_matmul_argument_checks() -> None:
     for variant in INT8_ACT_VARIANTS & set(matmul_variants("Q4_0")):
         with pytest.raises(ValueError):
             _engine.kernel_matmul(variant, "F32", f32, 3, 64, x)  # int8 activations need int weights
+
+
+# --------------------------------------------------------------------------------------------
+# Q5_0, Q5_1, IQ4_NL and the K-quants (kernels/matmul/kquant_avx2.h, q8act_k_body.inc)
+# --------------------------------------------------------------------------------------------
+
+# Byte offsets of the fp16 fields (scales, mins) in each block.
+KQUANT_HALVES = {"Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
+                 "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+KQUANT_ROWS = (1, 3, 17, 129)
+
+
+def kquant_cols(wtype: str) -> tuple[int, ...]:
+    return (256, 512, 2304) if gguf.GGML_QUANT_SIZES[QT[wtype]][0] == 256 else (32, 96, 160, 576)
+
+
+def need_kquant(wtype: str) -> None:
+    if wtype not in _engine.weight_formats():
+        pytest.skip(f"{wtype} has no reference dequantizer in this build (kernels/formats)")
+
+
+@cache
+def kquant_weights(wtype: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw blocks, their float32 values): random bytes (every quant, scale and high-bit pattern)
+    with finite fp16 scales whose size varies over four decades from row to row."""
+    rng = np.random.default_rng(rows * 7919 + cols * 13 + len(wtype) + int(QT[wtype]))
+    elems, size = gguf.GGML_QUANT_SIZES[QT[wtype]]
+    per_row = cols // elems
+    raw = rng.integers(0, 256, (rows, per_row, size), dtype=np.uint8)
+    row_scale = 10.0 ** rng.uniform(-3, 1, (rows, 1))
+    for off in KQUANT_HALVES[wtype]:
+        h = (rng.standard_normal((rows, per_row)) * row_scale).astype(np.float16)
+        raw[:, :, off:off + 2] = h.view(np.uint8).reshape(rows, per_row, 2)
+    raw = raw.reshape(-1)
+    dequant = _engine.dequantize(wtype, raw, rows * cols).reshape(rows, cols)
+    return raw, dequant
+
+
+@pytest.mark.parametrize("wtype", KQUANT_TYPES)
+def test_kquant_variants_vs_ref_vs_numpy(wtype: str) -> None:
+    """Every variant for the format against 'ref' (int8-activation ones within the activation
+    rounding bound, the float ones within REL_TOL), 'ref' against gguf's dequantize in float64,
+    bit-identical across thread counts, and 'best' is the chosen variant's bits. Rows 1, 3, 17,
+    129 (the 4-row interleave's tails), k of 1, 2 and 9 super-blocks (or 1 to 18 blocks of 32: the
+    kernels' groups of 8 blocks and their tails)."""
+    need_kquant(wtype)
+    variants = matmul_variants(wtype)
+    for rows, cols in itertools.product(KQUANT_ROWS, kquant_cols(wtype)):
+        raw, wd = kquant_weights(wtype, rows, cols)
+        w64 = gguf.quants.dequantize(raw, QT[wtype]).reshape(rows, cols).astype(np.float64)
+        assert np.array_equal(wd, w64.astype(np.float32)), f"{wtype} reference dequantizer vs gguf"
+        for m in (1, 3, 5):
+            x = activations(m, cols)
+            magnitude = np.abs(x.astype(np.float64)) @ np.abs(w64).T
+            shape = f"{wtype} rows={rows} cols={cols} m={m}"
+            ref = _engine.kernel_matmul("ref", wtype, raw, rows, cols, x)
+            check_close(ref, x.astype(np.float64) @ w64.T, REL_TOL * magnitude, f"ref {shape} vs numpy")
+            outputs: dict[str, np.ndarray] = {}
+            for variant in variants:
+                bound = float_bound(variant, magnitude)
+                if variant in INT8_ACT_VARIANTS:
+                    bound = bound + act_quant_bound(wd, x)
+                for threads in (1, 3):
+                    y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=threads)
+                    check_close(y, ref, bound, f"{variant} {shape} threads={threads} vs ref")
+                    if variant in outputs:
+                        assert same_bits(y, outputs[variant]), f"{variant} {shape} threads={threads}"
+                    outputs[variant] = y
+            chosen = chosen_variant(wtype, m, rows, cols)
+            best = _engine.kernel_matmul("best", wtype, raw, rows, cols, x, threads=2)
+            assert same_bits(best, ref if chosen == "ref" else outputs[chosen]), f"best {shape} is not {chosen}"
+
+
+@pytest.mark.parametrize("wtype", KQUANT_TYPES)
+def test_kquant_int8_variants_exact_on_grid_activations(wtype: str) -> None:
+    """On activations the int8 quantizer reproduces exactly, the integer path must be as exact
+    as float: a wrong nibble, fifth bit, 6-bit scale or min, level table entry or sub-block order
+    moves results by ~1 in these units (test_kquant_tolerances_have_teeth)."""
+    need_kquant(wtype)
+    variants = [v for v in matmul_variants(wtype) if v in INT8_ACT_VARIANTS]
+    if not variants:
+        pytest.skip(f"no int8-activation variant for {wtype} on this CPU")
+    for rows, cols in itertools.product(KQUANT_ROWS, kquant_cols(wtype)):
+        raw, wd = kquant_weights(wtype, rows, cols)
+        w64 = wd.astype(np.float64)
+        for m in (1, 3):
+            x = grid_activations(m, cols)
+            want = x.astype(np.float64) @ w64.T
+            magnitude = np.abs(x.astype(np.float64)) @ np.abs(w64).T
+            for variant in variants:
+                y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=2)
+                check_close(y, want, REL_TOL * magnitude, f"{variant} {wtype} rows={rows} cols={cols} m={m}")
+
+
+@pytest.mark.parametrize("wtype", KQUANT_TYPES)
+def test_kquant_tolerances_have_teeth(wtype: str) -> None:
+    """The grid test's bound catches the smallest layout mistakes a kernel could make (on most
+    outputs, with a wide margin): two
+    sub-blocks of 32 swapped, the two 16-element halves of one swapped (the per-16 scales of
+    Q2_K / Q3_K / Q6_K), or one sub-block's scale and min taken from its neighbour."""
+    need_kquant(wtype)
+    rows, cols, m = 17, kquant_cols(wtype)[1], 2
+    _, wd = kquant_weights(wtype, rows, cols)
+    w64 = wd.astype(np.float64)
+    subs = w64.reshape(rows, cols // 32, 32)
+    swapped = subs[:, [1, 0] + list(range(2, cols // 32)), :].reshape(rows, cols)
+    halves = subs.copy()
+    halves[:, 0] = np.concatenate([subs[:, 0, 16:], subs[:, 0, :16]], axis=1)
+    g = grid_activations(m, cols).astype(np.float64)
+    tight = REL_TOL * np.abs(g) @ np.abs(w64).T
+    # Median, not min: a block whose random fp16 scale is near 0 hides a swap in some outputs.
+    assert np.median(np.abs(g @ (swapped - w64).T) / tight) > 10
+    assert np.median(np.abs(g @ (halves.reshape(rows, cols) - w64).T) / tight) > 10
+
+
+@pytest.mark.parametrize("wtype", KQUANT_TYPES)
+def test_kquant_weights_at_any_byte_alignment_and_zero(wtype: str) -> None:
+    """Rows read in place at any byte offset give the same bits; zero scales or zero inputs give 0."""
+    need_kquant(wtype)
+    rows, cols = 17, kquant_cols(wtype)[1]
+    raw, _ = kquant_weights(wtype, rows, cols)
+    zero = raw.reshape(rows * cols // gguf.GGML_QUANT_SIZES[QT[wtype]][0], -1).copy()
+    for off in KQUANT_HALVES[wtype]:
+        zero[:, off:off + 2] = 0
+    for m in (1, 5):
+        x = activations(m, cols)
+        for variant in ["ref", "best"] + matmul_variants(wtype):
+            aligned = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=2)
+            buf = np.zeros(raw.size + 64, np.uint8)
+            base = (-buf.ctypes.data) % 64 + 3
+            view = buf[base:base + raw.size]
+            view[:] = raw
+            assert same_bits(_engine.kernel_matmul(variant, wtype, view, rows, cols, x, threads=2), aligned), variant
+            assert not np.any(_engine.kernel_matmul(variant, wtype, zero.reshape(-1), rows, cols, x)), variant
+            assert not np.any(_engine.kernel_matmul(variant, wtype, raw, rows, cols, np.zeros_like(x))), variant
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,15 +1,19 @@
-"""Tokenizer and chat template tests against the real SmolLM2-135M-Instruct GGUF.
+"""Tokenizer and chat template tests against the real SmolLM2-135M-Instruct GGUF (byte-level BPE)
+and Gemma 3 270M (SentencePiece; skipped when scripts/fetch_models.sh has not fetched it).
 
 References:
 - transformers' tokenizer built from the same GGUF, with its pre-tokenizer replaced by
   the published SmolLM2 one (see `reference`): exact id equality on every string;
 - llama.cpp (llama-cpp-python), when installed;
 - transformers' `apply_chat_template` for chat rendering.
+For Gemma see the section "SentencePiece" below: where transformers and llama.cpp part, we
+follow llama.cpp, and the test says why.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import random
 import sys
 import time
@@ -22,6 +26,7 @@ import pytest
 
 from edgevlm_ros.engine import chat_template
 from edgevlm_ros.engine.chat_template import ChatTemplateError, render_chat
+from edgevlm_ros.engine.paths import GEMMA3_270M, find_model
 from edgevlm_ros.engine.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -346,7 +351,7 @@ def test_unsupported_pre_type_raises(meta: Meta, pre: str) -> None:
         Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.pre": pre})
 
 
-@pytest.mark.parametrize("model", ["llama", "bert", "t5", None])
+@pytest.mark.parametrize("model", ["bert", "t5", "rwkv", None])
 def test_unsupported_model_raises(meta: Meta, model: str | None) -> None:
     with pytest.raises(ValueError, match=f"unsupported tokenizer model {model!r}"):
         Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": model})
@@ -538,3 +543,351 @@ def test_concurrent_renders_have_separate_budgets(template: str) -> None:
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda _: render_chat(template, CHAT_CONVERSATIONS[0]), range(32)))
     assert results == [expected] * 32
+
+
+# --- SentencePiece (tokenizer.ggml.model = "llama") ------------------------------------
+# A small vocabulary of our own for the rules, then the real Gemma 3 270M vocabulary (262,144
+# tokens) against transformers and llama.cpp.
+
+_TOY_CONTROLS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+_BYTE_IDS = range(len(_TOY_CONTROLS), len(_TOY_CONTROLS) + 256)  # <0x00> .. <0xFF>
+
+
+def _toy_spm(pieces: dict[str, float], **keys: object) -> Meta:
+    """SentencePiece metadata: 4 control tokens, the 256 byte tokens, then `pieces` (token: score)."""
+    tokens = [*_TOY_CONTROLS, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    meta: Meta = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [-1000.0] * 4 + [0.0] * 256 + list(pieces.values()),
+        "tokenizer.ggml.token_type": [3] * 4 + [6] * 256 + [1] * len(pieces),
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+        "tokenizer.ggml.padding_token_id": 0,
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+    return {**meta, **keys}
+
+
+def _pieces(tok: Tokenizer, text: str) -> list[str]:
+    return [tok.id_to_token(i) for i in tok.encode(text, add_bos=False)]
+
+
+_ABC = {"a": -1.0, "b": -2.0, "c": -3.0, "\u2581": -4.0, "\u2581a": -5.0, "ab": -6.0, "bc": -7.0}
+
+
+def test_spm_merges_the_best_scored_pair_first() -> None:
+    assert _pieces(Tokenizer.from_gguf_metadata(_toy_spm(_ABC)), "abc") == ["ab", "c"]
+    # The same vocabulary with "bc" scored above "ab": the other split.
+    assert _pieces(Tokenizer.from_gguf_metadata(_toy_spm({**_ABC, "bc": -5.5})), "abc") == ["a", "bc"]
+    # Merging goes on while the joined pair is a token, whatever the pieces were merged from.
+    tok = Tokenizer.from_gguf_metadata(_toy_spm({**_ABC, "abc": -8.0}))
+    assert _pieces(tok, "abc") == ["abc"] and _pieces(tok, "abcab") == ["abc", "ab"]
+
+
+def test_spm_spaces_bytes_and_prefix() -> None:
+    tok = Tokenizer.from_gguf_metadata(_toy_spm(_ABC))
+    assert _pieces(tok, "a a") == ["a", "\u2581a"]
+    # Characters outside the vocabulary fall back to their UTF-8 bytes, and decode back.
+    assert _pieces(tok, "az\u00e9") == ["a", "<0x7A>", "<0xC3>", "<0xA9>"]
+    assert tok.decode(tok.encode("az\u00e9 a\U0001f916", add_bos=False)) == "az\u00e9 a\U0001f916"
+    assert tok.encode("a") == [2, *tok.encode("a", add_bos=False)]  # llama.cpp's default for SPM: BOS
+    # With a prefix space (llama.cpp's default when the key is missing) every stretch of text
+    # between matched tokens starts with "▁", as llama.cpp does after each special token.
+    meta = _toy_spm(_ABC)
+    del meta["tokenizer.ggml.add_space_prefix"]
+    prefixed = Tokenizer.from_gguf_metadata(meta)
+    assert _pieces(prefixed, "a a") == ["\u2581a", "\u2581a"]
+    assert _pieces(prefixed, "a<eos>a") == ["\u2581a", "<eos>", "\u2581a"]
+    assert _pieces(prefixed, "<eos>") == ["<eos>"]
+
+
+def _toy_types(changes: dict[int, int]) -> list[int]:
+    types = list(_toy_spm(_ABC)["tokenizer.ggml.token_type"])
+    for i, t in changes.items():
+        types[i] = t
+    return types
+
+
+def _toy_tokens(changes: dict[int, object]) -> list[object]:
+    tokens: list[object] = list(_toy_spm(_ABC)["tokenizer.ggml.tokens"])
+    for i, t in changes.items():
+        tokens[i] = t
+    return tokens
+
+
+_N_TOY = len(_toy_spm(_ABC)["tokenizer.ggml.tokens"])
+_TOY_SCORES = list(_toy_spm(_ABC)["tokenizer.ggml.scores"])
+_BYTE_0X41 = _BYTE_IDS[0x41]
+
+_HOSTILE_SPM: dict[str, tuple[dict[str, object], str]] = {
+    "scores missing": ({"tokenizer.ggml.scores": None}, "'tokenizer.ggml.scores' must be an array"),
+    "scores not an array": ({"tokenizer.ggml.scores": 3.0}, "'tokenizer.ggml.scores' must be an array"),
+    "scores too short": ({"tokenizer.ggml.scores": _TOY_SCORES[:-1]}, f"{_N_TOY - 1} entries for {_N_TOY} tokens"),
+    "scores too long": ({"tokenizer.ggml.scores": [*_TOY_SCORES, 0.0]}, f"{_N_TOY + 1} entries for {_N_TOY}"),
+    "score NaN": ({"tokenizer.ggml.scores": [*_TOY_SCORES[:-1], float("nan")]}, r"scores\[266\] = nan is not a finite"),
+    "score inf": ({"tokenizer.ggml.scores": [float("-inf"), *_TOY_SCORES[1:]]}, r"scores\[0\] = -inf"),
+    "score a string": ({"tokenizer.ggml.scores": ["x", *_TOY_SCORES[1:]]}, r"scores\[0\] = 'x'"),
+    "byte token <0xZZ>": ({"tokenizer.ggml.tokens": _toy_tokens({_BYTE_0X41: "<0xZZ>"})}, "'<0xZZ>', not '<0xNN>'"),
+    "byte token lower case": ({"tokenizer.ggml.tokens": _toy_tokens({_BYTE_0X41: "<0x4a>"})}, "'<0x4a>', not"),
+    "byte token not a byte": ({"tokenizer.ggml.tokens": _toy_tokens({_BYTE_0X41: "A"})}, "byte token 69 is 'A'"),
+    "byte token missing": ({"tokenizer.ggml.token_type": _toy_types({_BYTE_0X41: 1})}, "lacks 1 of the 256 byte"),
+    "no byte tokens": (
+        {"tokenizer.ggml.token_type": _toy_types(dict.fromkeys(_BYTE_IDS, 1))},
+        r"lacks 256 of the 256 byte tokens \(first: <0x00>\)",
+    ),
+    "no token types": ({"tokenizer.ggml.token_type": None}, "lacks 256 of the 256 byte tokens"),  # all normal
+    "token types not integers": ({"tokenizer.ggml.token_type": _toy_types({7: "6"})}, r"token_type\[7\] = '6'"),
+    "token types too short": ({"tokenizer.ggml.token_type": [3] * 4}, f"4 entries for {_N_TOY} tokens"),
+    "empty vocabulary": ({"tokenizer.ggml.tokens": []}, "non-empty array of strings"),
+    "tokens of the wrong type": ({"tokenizer.ggml.tokens": _toy_tokens({262: 7})}, "non-empty array of strings"),
+    "tokens not an array": ({"tokenizer.ggml.tokens": "abc"}, "'tokenizer.ggml.tokens' must be an array"),
+    "tokens a mapping": ({"tokenizer.ggml.tokens": {"a": 1}}, "'tokenizer.ggml.tokens' must be an array"),
+    "duplicate tokens": ({"tokenizer.ggml.tokens": _toy_tokens({_N_TOY - 1: "a"})}, "duplicate tokens"),
+    "space prefix not a flag": ({"tokenizer.ggml.add_space_prefix": "no"}, "must be a boolean"),
+    "bos outside": ({"tokenizer.ggml.bos_token_id": _N_TOY}, "outside the vocabulary"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_HOSTILE_SPM))
+def test_hostile_sentencepiece_metadata_is_one_clear_error(case: str) -> None:
+    keys, message = _HOSTILE_SPM[case]
+    meta = _toy_spm(_ABC)
+    for key, value in keys.items():
+        if value is None:
+            del meta[key]
+        else:
+            meta[key] = value
+    with pytest.raises(ValueError, match=message):
+        Tokenizer.from_gguf_metadata(meta)
+
+
+def _toy_file(tmp_path: Path, **arrays: tuple[int, list[object]]) -> Meta:
+    """The toy vocabulary written as a GGUF file (arrays replaced by `arrays`), read by our reader."""
+    from gguf_builder import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, GGUFBuilder
+
+    from edgevlm_ros import _engine
+
+    meta = _toy_spm(_ABC)
+    builder = GGUFBuilder().add("general.architecture", STRING, "llama")
+    builder.add("tokenizer.ggml.model", STRING, "llama")
+    builder.add("tokenizer.ggml.add_space_prefix", BOOL, False)
+    builder.add("tokenizer.ggml.bos_token_id", UINT32, 2)
+    tables = {
+        "tokens": (STRING, meta["tokenizer.ggml.tokens"]),
+        "scores": (FLOAT32, meta["tokenizer.ggml.scores"]),
+        "token_type": (INT32, meta["tokenizer.ggml.token_type"]),
+    }
+    for name, (etype, items) in {**tables, **arrays}.items():
+        builder.add(f"tokenizer.ggml.{name}", ARRAY, (etype, items))
+    path = tmp_path / "toy.gguf"
+    path.write_bytes(builder.build())
+    return _engine.GGUFFile(str(path)).metadata()
+
+
+def test_hostile_sentencepiece_file_is_one_clear_error(tmp_path: Path) -> None:
+    # The same checks on values as a GGUF file carries them, through our reader (float32 NaN,
+    # tables of the wrong element type).
+    from gguf_builder import FLOAT32, INT32, STRING
+
+    assert _pieces(Tokenizer.from_gguf_metadata(_toy_file(tmp_path)), "abc") == ["ab", "c"]
+    nan = [*_TOY_SCORES[:-1], float("nan")]
+    cases: list[tuple[dict[str, tuple[int, list[object]]], str]] = [
+        ({"scores": (FLOAT32, nan)}, "is not a finite number"),
+        ({"scores": (FLOAT32, _TOY_SCORES[:5])}, f"5 entries for {_N_TOY} tokens"),
+        ({"scores": (STRING, [str(x) for x in _TOY_SCORES])}, r"scores\[0\] = '-1000.0' is not a finite number"),
+        ({"tokens": (INT32, list(range(_N_TOY)))}, "non-empty array of strings"),
+        ({"tokens": (STRING, [])}, "non-empty array of strings"),
+        ({"token_type": (FLOAT32, [6.0] * _N_TOY)}, r"token_type\[0\] = 6.0 is not an integer"),
+        ({"tokens": (STRING, _toy_tokens({_BYTE_0X41: "<0xZZ>"}))}, "'<0xZZ>', not '<0xNN>'"),
+    ]
+    for arrays, message in cases:
+        with pytest.raises(ValueError, match=message):
+            Tokenizer.from_gguf_metadata(_toy_file(tmp_path, **arrays))
+
+
+def test_the_toy_vocabulary_itself_loads() -> None:
+    # The hostile cases above are this vocabulary with one thing broken.
+    assert Tokenizer.from_gguf_metadata(_toy_spm(_ABC)).vocab_size == _N_TOY
+
+
+# --- Gemma 3 270M: the real SentencePiece vocabulary -----------------------------------
+
+GEMMA_PATH = find_model(GEMMA3_270M)
+needs_gemma = pytest.mark.skipif(
+    GEMMA_PATH is None, reason=f"{GEMMA3_270M} not in the model folders: scripts/fetch_models.sh fetches it"
+)
+
+
+@pytest.fixture(scope="module")
+def gemma_meta() -> Meta:
+    from edgevlm_ros import _engine
+
+    assert GEMMA_PATH is not None
+    return _engine.GGUFFile(str(GEMMA_PATH)).metadata()  # gguf's reader takes ~25 s on this vocabulary
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_meta: Meta) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(gemma_meta)
+
+
+@pytest.fixture(scope="module")
+def gemma_hf() -> Any:
+    """transformers' tokenizer converted from the Gemma GGUF.
+
+    `AutoTokenizer.from_pretrained(folder, gguf_file=name)` first reads the file's model config (for
+    gemma3 with gguf's reader: ~50 CPU-seconds on this vocabulary) only to pick the class, which is
+    GemmaTokenizer, and then makes exactly this call; `test_autotokenizer_is_the_same_tokenizer`
+    checks that when EDGEVLM_SLOW_TOKENIZER_CHECKS=1. The conversion (transformers'
+    integrations/gguf/gguf_tokenizer_mapping.py, `gemma_tokenizer`): BPE with byte fallback over the
+    file's vocabulary, merges rebuilt from every split of a token ranked by file order (for this file
+    the same order as the scores, which fall by one per token), " " -> "▁", control tokens special,
+    user-defined ones added whole, and one change of its own: the user-defined runs of 2..31 spaces,
+    stored as real spaces, are respelled "▁▁…" and merged by BPE instead of matched whole.
+    """
+    import transformers
+
+    assert GEMMA_PATH is not None
+    return transformers.GemmaTokenizer.from_pretrained(str(GEMMA_PATH.parent), gguf_file=GEMMA_PATH.name)
+
+
+@pytest.fixture(scope="module")
+def gemma_llama() -> Any:
+    if _llama_cpp is None:
+        pytest.skip("llama-cpp-python is the optional bench extra (not installed)")
+    return _llama_cpp.Llama(str(GEMMA_PATH), vocab_only=True, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def gemma_cases() -> list[str]:
+    return text_cases()
+
+
+def _respelled_by_transformers(text: str) -> bool:
+    """Where transformers' respelling of the space-run tokens can show (see `gemma_hf`).
+
+    Those tokens are user-defined: SentencePiece and llama.cpp cut the longest run of 2..31 real spaces
+    out of the text before merging. transformers merges "▁▁…" pieces instead, which ends the same
+    (the space pieces outrank every other merge) except on a run longer than 31 spaces (greedy longest
+    match vs BPE's pairwise merges: 32 spaces are 31 + 1 here, 16 + 16 there) and next to a literal
+    "▁" in the text (which merges with a space there, and cannot here: "▁▁" is not a piece of the
+    file's vocabulary). We follow llama.cpp: it does what SentencePiece does with user-defined
+    pieces, and it is the file's own reading by the project that defines the format.
+    """
+    return " " * 32 in text or "\u2581" in text
+
+
+@needs_gemma
+def test_gemma_tokenizer_metadata_is_what_we_expect(gemma_meta: Meta, gemma: Tokenizer) -> None:
+    assert gemma_meta["tokenizer.ggml.model"] == "llama"
+    assert gemma_meta["tokenizer.ggml.pre"] == "default"
+    assert gemma_meta["tokenizer.ggml.add_space_prefix"] is False
+    assert gemma_meta["tokenizer.ggml.add_bos_token"] is True
+    assert "tokenizer.ggml.merges" not in gemma_meta
+    assert gemma.vocab_size == 262144
+    assert (gemma.bos_id, gemma.eos_id, gemma.pad_id) == (2, 1, 0)
+    assert gemma_meta["tokenizer.ggml.unknown_token_id"] == 3
+    assert gemma.eot_ids == frozenset({1, 106})  # <eos>, <end_of_turn>
+    assert gemma.id_to_token(106) == "<end_of_turn>"
+
+
+@needs_gemma
+def test_gemma_case_set_is_large_and_varied(gemma: Tokenizer, gemma_cases: list[str]) -> None:
+    assert len(gemma_cases) >= 300
+    encoded = [gemma.encode(c, add_bos=False) for c in gemma_cases]
+    # Each kind the comparison must cover is there, counted on what our tokenizer makes of it.
+    uses = {
+        "byte fallback": sum(any(gemma.token_type(i) == 6 for i in ids) for ids in encoded),
+        "control tokens": sum(any(gemma.token_type(i) == 3 for i in ids) for ids in encoded),
+        "user-defined tokens": sum(any(gemma.token_type(i) == 4 for i in ids) for ids in encoded),
+        "CJK": sum(any("\u4e00" <= ch <= "\u9fff" for ch in c) for c in gemma_cases),
+        "ZWJ emoji": sum("\u200d" in c for c in gemma_cases),
+        "long numbers": sum(any(ch.isdigit() for ch in c) and len(c) > 8 for c in gemma_cases),
+        "leading spaces": sum(c.startswith(" ") for c in gemma_cases),
+        "respelled by transformers": sum(map(_respelled_by_transformers, gemma_cases)),
+    }
+    assert min(uses.values()) >= 5, uses
+
+
+@needs_gemma
+def test_gemma_encode_matches_llama_cpp(gemma: Tokenizer, gemma_llama: Any, gemma_cases: list[str]) -> None:
+    def theirs(text: str) -> list[int]:
+        return gemma_llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    bad = _mismatches(gemma_cases, lambda t: gemma.encode(t, add_bos=False), theirs)
+    assert not bad, f"{len(bad)} of {len(gemma_cases)} strings differ:\n" + "\n".join(bad[:20])
+    for text in gemma_cases[:40]:  # BOS as the file asks
+        assert gemma.encode(text) == gemma_llama.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+
+
+@needs_gemma
+def test_gemma_encode_matches_transformers(gemma: Tokenizer, gemma_hf: Any, gemma_cases: list[str]) -> None:
+    def theirs(text: str) -> list[int]:
+        return gemma_hf(text, add_special_tokens=False)["input_ids"]
+
+    same = [c for c in gemma_cases if not _respelled_by_transformers(c)]
+    assert len(same) >= 300
+    bad = _mismatches(same, lambda t: gemma.encode(t, add_bos=False), theirs)
+    assert not bad, f"{len(bad)} of {len(same)} strings differ:\n" + "\n".join(bad[:20])
+    for text in same[:40]:
+        assert gemma.encode(text) == gemma_hf(text)["input_ids"]  # both add BOS, as the file says
+    # Where transformers' respelling shows, it parts from llama.cpp (and us) in just the way
+    # `_respelled_by_transformers` says: the runs of spaces and the "▁".
+    text = "a" + " " * 40 + "b"
+    assert [gemma.id_to_token(i) for i in gemma.encode(text, add_bos=False)] == ["a", " " * 31, " " * 9, "b"]
+    if theirs(text) == gemma.encode(text, add_bos=False):
+        pytest.skip("transformers now matches the space-run tokens whole; `_respelled_by_transformers` can go")
+    assert [gemma_hf.convert_ids_to_tokens(i) for i in theirs(text)] == ["a", "\u2581" * 16, "\u2581" * 24, "b"]
+
+
+@needs_gemma
+def test_gemma_decode_round_trip(gemma: Tokenizer, gemma_hf: Any, gemma_cases: list[str]) -> None:
+    backend = gemma_hf.backend_tokenizer
+    for text in gemma_cases:
+        ids = gemma.encode(text)
+        # Byte fallback loses nothing; only a literal "▁" comes back as the space it stands for in
+        # SentencePiece (llama.cpp's and transformers' decoders do the same, checked here and below).
+        assert ids[0] == gemma.bos_id and gemma.decode(ids[1:]) == text.replace("\u2581", " "), text[:60]
+        for skip in (False, True):
+            assert gemma.decode(ids, skip_special=skip) == backend.decode(ids, skip_special_tokens=skip), text[:60]
+        assert "".join(_stream(gemma, ids)) == gemma.decode(ids)
+
+
+@needs_gemma
+def test_gemma_decode_matches_llama_cpp(gemma: Tokenizer, gemma_llama: Any, gemma_cases: list[str]) -> None:
+    for text in gemma_cases:
+        ids = gemma.encode(text)
+        assert gemma.decode(ids).encode("utf-8") == gemma_llama.detokenize(ids, special=True), text[:60]
+
+
+@needs_gemma
+def test_gemma_pieces(gemma: Tokenizer) -> None:
+    assert gemma.encode("<start_of_turn>user\nhi<end_of_turn>", add_bos=False) == [105, 2364, 107, 2202, 106]
+    assert 105 not in gemma.encode("<start_of_turn", add_bos=False)
+    assert gemma.token_bytes(gemma.token_to_id("\u2581world")) == b" world"
+    assert gemma.token_bytes(gemma.token_to_id("<0x0A>")) == b"\n"
+    assert gemma.token_bytes(138) == b"  "  # a user-defined run of spaces is stored as the spaces
+    # skip_special drops control tokens, not user-defined ones ("\n", "<table>" are text).
+    ids = gemma.encode("<start_of_turn><table>\n<end_of_turn>", add_bos=False)
+    assert gemma.decode(ids, skip_special=True) == "<table>\n"
+    rng = random.Random(11)
+    for _ in range(200):  # arbitrary ids (invalid UTF-8 included): stream and batch decode agree
+        ids = [rng.randrange(gemma.vocab_size) for _ in range(rng.randint(0, 12))]
+        assert "".join(_stream(gemma, ids, True)) == gemma.decode(ids, skip_special=True)
+
+
+_SLOW = "EDGEVLM_SLOW_TOKENIZER_CHECKS"
+
+
+@needs_gemma
+@pytest.mark.skipif(not os.environ.get(_SLOW), reason=f"reads the config too (~50 CPU-s): set {_SLOW}=1")
+def test_autotokenizer_is_the_same_tokenizer(gemma_hf: Any) -> None:
+    import transformers
+
+    assert GEMMA_PATH is not None
+    auto = transformers.AutoTokenizer.from_pretrained(str(GEMMA_PATH.parent), gguf_file=GEMMA_PATH.name)
+    assert type(auto) is type(gemma_hf)
+    assert auto.backend_tokenizer.to_str() == gemma_hf.backend_tokenizer.to_str()

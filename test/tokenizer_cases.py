@@ -152,6 +152,38 @@ _SPECIAL = [
     "\n<|im_start|>system",
 ]
 
+# What SentencePiece vocabularies (Gemma 3's) make special: their control and user-defined tokens,
+# runs of spaces / tabs / newlines longer than the longest such token (31), the "▁" that stands
+# for a space inside pieces, byte-token spellings, and characters outside the vocabulary that
+# only byte fallback can encode.
+_SENTENCEPIECE = [
+    "<start_of_turn>user\nWhat is in the image?<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_turn",
+    "<bos>hi<eos>",
+    "<pad><unk><mask>",
+    "<start_of_image><end_of_image>",
+    "<unused0> <unused99>x",
+    "[multimodal]",
+    "<table><tr><td>1</td><td>2</td></tr></table>",
+    "<h1>Title</h1><strong>bold</strong> <em>em</em> <code>x</code>",
+    " " * 31,
+    " " * 32,
+    " " * 33,
+    "a" + " " * 40 + "b",
+    "\t" * 31 + "x" + "\t" * 33,
+    "\n" * 31 + "y" + "\n" * 32,
+    "\u2581",
+    "\u2581hi \u2581 there\u2581\u2581",
+    "<0x41> <0xZZ> <0x0a>",
+    "\U000f0000 \U0010fffd private use",
+    "\ue000\uf8ff",
+    "\U00012000\U00012001 cuneiform, \U00017000 tangut, \U00010000 linear b",
+    "\U0001fae8\U0001faf8 new emoji",
+    "\u0378\u0379 unassigned",
+]
+
 _MISC = [
     "",
     "a",
@@ -211,6 +243,7 @@ HAND_WRITTEN: list[str] = [
     *_WHITESPACE,
     *_NUMBERS,
     *_SPECIAL,
+    *_SENTENCEPIECE,
     *_MISC,
     *_long_cases(),
 ]

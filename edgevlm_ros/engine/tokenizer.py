@@ -1,24 +1,33 @@
 """Text tokenizer built from a GGUF file's own vocabulary.
 
-The GGUF carries everything a byte-level BPE tokenizer needs (tokens, merges, token
-types, special ids, pre-tokenizer name), so we never need the model's original
+The GGUF carries everything a tokenizer needs (tokens, merges or scores, token types,
+special ids, pre-tokenizer name), so we never need the model's original
 tokenizer.json. The heavy lifting (BPE merging, special-token matching) is done by
 the Rust `tokenizers` library; decoding is done here from per-token byte strings,
 which makes streaming decode exact and cheap.
 
-Only byte-level BPE (`tokenizer.ggml.model == "gpt2"`) is supported. The
-pre-tokenizer follows llama.cpp's reading of `tokenizer.ggml.pre`, because that
-name is the GGUF's statement of how the model's text was split in training.
+Two kinds of vocabulary (`tokenizer.ggml.model`):
+- "gpt2", byte-level BPE: merges from the file; the pre-tokenizer follows llama.cpp's
+  reading of `tokenizer.ggml.pre`, because that name is the GGUF's statement of how
+  the model's text was split in training.
+- "llama", SentencePiece BPE (LLaMA 1/2, Gemma): no merges in the file, only a score
+  per token. SentencePiece merges the adjacent pair whose joined piece has the best
+  score, so the merges are every split of a token into two tokens, best score first;
+  spaces are "▁", characters outside the vocabulary fall back to `<0xNN>` byte tokens,
+  and no text is split before merging (llama.cpp reads no pre type for it).
 """
 
 from __future__ import annotations
 
 import codecs
+import math
+import numbers
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, pre_tokenizers
+from tokenizers import AddedToken, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
@@ -39,7 +48,7 @@ class TokenType:
 # Texts that end an assistant turn in the chat formats we expect to meet. They only
 # count when the vocabulary marks them as special (see `eot_ids`), so a model whose
 # vocabulary happens to contain the plain text never stops on it.
-_EOT_TEXTS = ("<|im_end|>", "<end_of_utterance>", "<|endoftext|>", "<|eot_id|>")
+_EOT_TEXTS = ("<|im_end|>", "<end_of_utterance>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 
 # Token types matched as whole units inside the input text (llama.cpp matches the
 # same set); everything else goes through pre-tokenization and BPE.
@@ -110,13 +119,21 @@ _PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
 }
 
 
+_BPE = "gpt2"  # byte-level BPE
+_SPM = "llama"  # SentencePiece BPE
+_SPM_SPACE = "\u2581"  # "▁": how SentencePiece spells a space inside its pieces
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-F]{2})>")  # SentencePiece's byte pieces, as llama.cpp looks them up
+
+
 @dataclass(frozen=True)
 class _Vocab:
     """The parts of the GGUF tokenizer metadata we use, checked."""
 
+    model: str  # _BPE or _SPM
     tokens: list[str]
     types: list[int]
-    merges: list[tuple[str, str]]
+    merges: list[tuple[str, str]]  # _BPE only (from the file)
+    scores: list[float]  # _SPM only
     pre: str
     bos_id: int | None
     eos_id: int | None
@@ -124,6 +141,7 @@ class _Vocab:
     pad_id: int | None
     add_bos: bool
     add_eos: bool
+    add_space_prefix: bool  # _SPM: a "▁" before the text (and after each matched token)
 
 
 def _require_list(meta: Mapping[str, Any], key: str) -> list[Any]:
@@ -164,40 +182,121 @@ def _parse_types(meta: Mapping[str, Any], n_tokens: int) -> list[int]:
     types = _require_list(meta, "tokenizer.ggml.token_type")
     if len(types) != n_tokens:
         raise ValueError(f"GGUF tokenizer.ggml.token_type has {len(types)} entries for {n_tokens} tokens")
+    for i, t in enumerate(types):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"GGUF tokenizer.ggml.token_type[{i}] = {t!r} is not an integer")
     return [int(t) for t in types]
+
+
+def _parse_scores(meta: Mapping[str, Any], n_tokens: int) -> list[float]:
+    scores = _require_list(meta, "tokenizer.ggml.scores")
+    if len(scores) != n_tokens:
+        raise ValueError(f"GGUF tokenizer.ggml.scores has {len(scores)} entries for {n_tokens} tokens")
+    for i, score in enumerate(scores):
+        if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
+            raise ValueError(f"GGUF tokenizer.ggml.scores[{i}] = {score!r} is not a finite number")
+    return [float(score) for score in scores]
+
+
+def _check_byte_tokens(tokens: list[str], types: list[int]) -> None:
+    """SentencePiece byte fallback needs all 256 `<0xNN>` tokens; refuse a table that lacks or garbles them."""
+    seen: set[int] = set()
+    for i, (tok, t) in enumerate(zip(tokens, types, strict=True)):
+        if t != TokenType.BYTE:
+            continue
+        match = _BYTE_TOKEN.fullmatch(tok)
+        if match is None:
+            raise ValueError(f"GGUF byte token {i} is {tok!r}, not '<0xNN>' (two upper-case hex digits)")
+        seen.add(int(match.group(1), 16))
+    if len(seen) != 256:
+        missing = sorted(set(range(256)) - seen)
+        raise ValueError(
+            f"GGUF SentencePiece vocabulary lacks {len(missing)} of the 256 byte tokens "
+            f"(first: <0x{missing[0]:02X}>): text outside the vocabulary could not be encoded"
+        )
+
+
+def _spm_merges(vocab: _Vocab, ids: Mapping[str, int]) -> list[tuple[str, str]]:
+    """The merges a SentencePiece vocabulary implies: every split of a token into two tokens, best score first.
+
+    SentencePiece (and llama.cpp) merge the adjacent pair whose joined piece has the highest score,
+    the leftmost on a tie; a BPE merge list ranked by the joined piece's score makes the same choice
+    at every step, with one exception: BPE ranks the splits of one piece apart, so where two splits
+    of the same piece compete side by side ("xx"+"x" next to "x"+"xx", inside a run of one repeated
+    unit) it takes the better-ranked split (here the shorter left part) rather than the leftmost.
+    Only tokens reachable from plain text are merge results: matched tokens (control, user-defined)
+    are cut out of the text before merging. Equal scores keep the file's order.
+    """
+    tokens, scores = vocab.tokens, vocab.scores
+    results = (i for i, t in enumerate(vocab.types) if t not in _MATCHED_TYPES and len(tokens[i]) > 1)
+    order = sorted(results, key=lambda i: -scores[i])
+    merges: list[tuple[str, str]] = []
+    for i in order:
+        tok = tokens[i]
+        merges.extend((tok[:k], tok[k:]) for k in range(1, len(tok)) if tok[:k] in ids and tok[k:] in ids)
+    return merges
+
+
+def _optional_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = meta.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"GGUF metadata {key!r} must be a boolean, got {value!r}")
+    return value
 
 
 def _parse_vocab(meta: Mapping[str, Any]) -> _Vocab:
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(f"unsupported tokenizer model {model!r}: only byte-level BPE ('gpt2') is supported")
+    if model not in (_BPE, _SPM):
+        raise ValueError(
+            f"unsupported tokenizer model {model!r}: supported are byte-level BPE ({_BPE!r}) "
+            f"and SentencePiece ({_SPM!r})"
+        )
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in _PRE_TOKENIZERS:
+    if model == _BPE and pre not in _PRE_TOKENIZERS:
         supported = ", ".join(sorted(_PRE_TOKENIZERS))
         raise ValueError(f"unsupported tokenizer pre-tokenizer type {pre!r} (supported: {supported})")
     tokens = _require_list(meta, "tokenizer.ggml.tokens")
     if not tokens or not all(isinstance(t, str) for t in tokens):
         raise ValueError("GGUF tokenizer.ggml.tokens must be a non-empty array of strings")
     n = len(tokens)
+    types = _parse_types(meta, n)
+    spm = model == _SPM
+    if spm:
+        _check_byte_tokens(tokens, types)
+    # llama.cpp's defaults for a key the file lacks: SentencePiece vocabularies add BOS and a prefix space.
     return _Vocab(
+        model=model,
         tokens=tokens,
-        types=_parse_types(meta, n),
-        merges=_parse_merges(_require_list(meta, "tokenizer.ggml.merges")),
+        types=types,
+        merges=[] if spm else _parse_merges(_require_list(meta, "tokenizer.ggml.merges")),
+        scores=_parse_scores(meta, n) if spm else [],
         pre=pre,
         bos_id=_optional_id(meta, "tokenizer.ggml.bos_token_id", n),
         eos_id=_optional_id(meta, "tokenizer.ggml.eos_token_id", n),
         unk_id=_optional_id(meta, "tokenizer.ggml.unknown_token_id", n),
         pad_id=_optional_id(meta, "tokenizer.ggml.padding_token_id", n),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", spm)),
         add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        add_space_prefix=spm and _optional_bool(meta, "tokenizer.ggml.add_space_prefix", True),
     )
 
 
-def _token_bytes(text: str, token_type: int) -> bytes:
+def _token_ids(tokens: list[str]) -> dict[str, int]:
+    ids = {tok: i for i, tok in enumerate(tokens)}
+    if len(ids) != len(tokens):
+        raise ValueError("GGUF tokenizer.ggml.tokens contains duplicate tokens")
+    return ids
+
+
+def _token_bytes(text: str, token_type: int, model: str) -> bytes:
     """The bytes a token stands for when decoded."""
     if token_type in _MATCHED_TYPES:
         # Matched tokens are stored as the raw text they match, so they decode to it.
         return text.encode("utf-8")
+    if model == _SPM:
+        if token_type == TokenType.BYTE:  # checked to be <0xNN> at load
+            return bytes([int(text[3:5], 16)])
+        return text.replace(_SPM_SPACE, " ").encode("utf-8")
     try:
         return bytes(_CHAR_TO_BYTE[c] for c in text)
     except KeyError:
@@ -205,10 +304,22 @@ def _token_bytes(text: str, token_type: int) -> bytes:
         return text.encode("utf-8")
 
 
-def _build_backend(vocab: _Vocab) -> _HFTokenizer:
-    ids = {tok: i for i, tok in enumerate(vocab.tokens)}
-    if len(ids) != len(vocab.tokens):
-        raise ValueError("GGUF tokenizer.ggml.tokens contains duplicate tokens")
+def _spm_backend(vocab: _Vocab, ids: dict[str, int]) -> _HFTokenizer:
+    # Byte fallback covers every character (all 256 byte tokens are checked at load), so the
+    # unknown token is never produced.
+    try:
+        model = BPE(vocab=ids, merges=_spm_merges(vocab, ids), unk_token=None, fuse_unk=False, byte_fallback=True)
+    except Exception as exc:  # the Rust side raises a bare Exception on bad merges
+        raise ValueError(f"GGUF SentencePiece vocabulary is inconsistent: {exc}") from exc
+    backend = _HFTokenizer(model)
+    # Normalizers run on each stretch of text between matched tokens, so the prefix space
+    # comes back after every matched token, as llama.cpp adds it.
+    steps = [normalizers.Prepend(_SPM_SPACE)] if vocab.add_space_prefix else []
+    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPM_SPACE)])
+    return backend
+
+
+def _bpe_backend(vocab: _Vocab, ids: dict[str, int]) -> _HFTokenizer:
     # No unknown token: it would only be used for a byte the vocabulary lacks (SmolLM2
     # lacks a few ASCII control bytes), and its id is usually a control token such as
     # <|endoftext|> that must never appear inside a prompt. Such bytes are dropped,
@@ -219,6 +330,11 @@ def _build_backend(vocab: _Vocab) -> _HFTokenizer:
         raise ValueError(f"GGUF BPE vocabulary/merges are inconsistent: {exc}") from exc
     backend = _HFTokenizer(model)
     backend.pre_tokenizer = _PRE_TOKENIZERS[vocab.pre]()
+    return backend
+
+
+def _build_backend(vocab: _Vocab, ids: dict[str, int]) -> _HFTokenizer:
+    backend = (_spm_backend if vocab.model == _SPM else _bpe_backend)(vocab, ids)
     matched = [
         AddedToken(tok, special=t in _SPECIAL_TYPES, normalized=False, lstrip=False, rstrip=False, single_word=False)
         for tok, t in zip(vocab.tokens, vocab.types, strict=True)
@@ -257,13 +373,13 @@ class StreamDecoder:
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer described entirely by GGUF metadata."""
+    """Byte-level BPE or SentencePiece tokenizer described entirely by GGUF metadata."""
 
     def __init__(self, vocab: _Vocab) -> None:
         self._vocab = vocab
-        self._backend = _build_backend(vocab)
-        self._ids = {tok: i for i, tok in enumerate(vocab.tokens)}
-        self._pieces = [_token_bytes(tok, t) for tok, t in zip(vocab.tokens, vocab.types, strict=True)]
+        self._ids = _token_ids(vocab.tokens)
+        self._backend = _build_backend(vocab, self._ids)
+        self._pieces = [_token_bytes(tok, t, vocab.model) for tok, t in zip(vocab.tokens, vocab.types, strict=True)]
         self._special = frozenset(i for i, t in enumerate(vocab.types) if t in _SPECIAL_TYPES)
 
     @classmethod
@@ -271,7 +387,7 @@ class Tokenizer:
         """Build from GGUF metadata (key -> plain Python value, arrays as lists).
 
         Raises ValueError for a tokenizer model or pre-tokenizer type we do not
-        support, and for inconsistent vocabulary data.
+        support, and for inconsistent vocabulary data (scores, byte tokens, ids).
         """
         return cls(_parse_vocab(meta))
 
@@ -348,11 +464,11 @@ class Tokenizer:
         return frozenset(found)
 
     def token_to_id(self, token: str) -> int | None:
-        """Id of a vocabulary entry (byte-level spelling, e.g. "Ġthe"), or None."""
+        """Id of a vocabulary entry as the GGUF spells it (e.g. "Ġthe", "▁the"), or None."""
         return self._ids.get(token)
 
     def id_to_token(self, token_id: int) -> str:
-        """Vocabulary entry of `token_id` as stored in the GGUF (byte-level spelling)."""
+        """Vocabulary entry of `token_id` as stored in the GGUF (e.g. "Ġthe", "▁the", "<0x0A>")."""
         if not 0 <= token_id < len(self._vocab.tokens):
             raise ValueError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
         return self._vocab.tokens[token_id]

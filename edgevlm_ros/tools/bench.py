@@ -15,7 +15,14 @@ Measures (rows of the table):
   * peak RSS of a process that loads the model, prefills and decodes (one child process per
     engine, resource.getrusage);
   * the decode roofline: bytes of weights read per token / the read bandwidth measured here
-    (numpy sum over --bandwidth-mib MiB, one thread and --threads threads).
+    (numpy sum, --threads threads) of two buffers: one the size of those bytes (partly cache-
+    resident, as the model is) and one of --bandwidth-mib MiB (DRAM only); the higher bandwidth
+    is the lower floor, the one that binds.
+
+--profile robot runs both engines as on an x86 robot computer (AVX2 + AVX-VNNI, no AVX-512, no
+AMX): ours with that operator table (engine/optable.robot_table(); --optable FILE loads any
+table), llama.cpp from the libllama built for it (scripts/install_bench_extra.sh --robot), loaded
+through llama-cpp-python's LLAMA_CPP_LIB_PATH (--peer-lib DIR names another build).
 
 llama.cpp is `llama-cpp-python` (optional: scripts/install_bench_extra.sh). Without it the bench
 prints our numbers and says the peer is missing.
@@ -38,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -48,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine import optable
 from ..engine.argtypes import command_main, positive_int
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,10 +135,10 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def measure_bandwidth(mib: int, threads: int, repeats: int = 3) -> dict[str, float]:
+def measure_bandwidth(mib: float, threads: int, repeats: int = 3) -> dict[str, float]:
     """Memory read bandwidth in GB/s: numpy sums over a `mib` MiB float32 array, best of `repeats`,
     on one thread and on `threads` threads (each summing its own slice; numpy drops the GIL)."""
-    n = max(1, mib * (1 << 20) // 4)
+    n = max(1, int(mib * (1 << 20)) // 4)
     a = np.ones(n, dtype=np.float32)  # written once, so every page is resident
     nbytes = a.nbytes
 
@@ -151,6 +159,18 @@ def measure_bandwidth(mib: int, threads: int, repeats: int = 3) -> dict[str, flo
     else:
         multi = single
     return {"mib": float(mib), "single_gbs": single, "all_gbs": multi, "threads": float(threads)}
+
+
+def bandwidth_floors(weight_bytes: int, model_sized: dict[str, float], dram: dict[str, float]) -> dict[str, Any]:
+    """The two decode floors (ms per token): the bytes a token reads over the read bandwidth of a
+    buffer of that size (as cache-resident as the model can be: these VMs report a 300 MB L3) and
+    of the large DRAM-only buffer. The higher bandwidth gives the lower floor: that one binds (a
+    decode cannot beat it), the other is only a bound for a model that misses the cache."""
+    floors = {}
+    for key, bw in (("model_sized", model_sized), ("dram", dram)):
+        floors[key] = {"mib": bw["mib"], "gbs": bw["all_gbs"], "floor_ms": weight_bytes / (bw["all_gbs"] * 1e9) * 1e3}
+    binds = min(floors, key=lambda k: floors[k]["floor_ms"])
+    return {**floors, "binds": binds, "floor_ms": floors[binds]["floor_ms"]}
 
 
 def highest_bandwidth(runs: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -179,6 +199,59 @@ def weight_bytes_per_token(gguf_path: Path) -> dict[str, Any]:
     layer_types = sorted({t["type"] for t in tensors if t["name"].startswith("blk.") and len(t["shape"]) == 2})
     return {"total": layers + head + norm + emb_row, "layers": layers, "head": head,
             "head_type": head_t["type"] if head_t else None, "layer_types": layer_types}
+
+
+# -- profiles -----------------------------------------------------------------------------------
+
+PROFILES = ("native", "robot")
+
+
+def default_robot_lib() -> Path:
+    """Where scripts/install_bench_extra.sh --robot puts libllama: $EDGEVLM_ROBOT_LLAMA_LIB, else
+    ${XDG_CACHE_HOME:-~/.cache}/edgevlm/llama-robot."""
+    env = os.environ.get("EDGEVLM_ROBOT_LLAMA_LIB")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgevlm" / "llama-robot"
+
+
+def choose_peer_lib(lib: Path, profile: str, cpu: Mapping[str, bool]) -> tuple[Path | None, str]:
+    """The libllama folder llama.cpp is to load (None: the one llama-cpp-python installed) and why.
+
+    A robot build on a CPU without the profile's features would stop at its first AVX-VNNI
+    instruction, so it is only used where the CPU has them (cpu: _engine.cpu_features(), the
+    features the robot build of llama.cpp compiles in, scripts/install_bench_extra.sh, are the
+    profile's)."""
+    if not (lib / "libllama.so").is_file():
+        return None, (f"no libllama.so in {lib} (scripts/install_bench_extra.sh --robot builds it): "
+                      "llama.cpp is the installed build")
+    missing = [f for f in optable.ROBOT_FEATURES.split(",") if not cpu.get(f)] if profile == "robot" else []
+    if missing:
+        return None, (f"this CPU lacks {','.join(missing)}, which the robot build of llama.cpp in {lib} uses: "
+                      "llama.cpp is the installed build (compiled for this CPU)")
+    if sys.modules.get("llama_cpp") is not None:
+        return None, "llama_cpp was already loaded in this process: llama.cpp is the build it loaded"
+    return lib, f"llama.cpp: libllama from {lib} (LLAMA_CPP_LIB_PATH)"
+
+
+def apply_profile(cfg: BenchConfig) -> dict[str, Any]:
+    """Makes our operator table and llama.cpp's library those of cfg.profile (and --optable /
+    --peer-lib); returns what was done. Runs before either engine is loaded."""
+    info: dict[str, Any] = {"name": cfg.profile}
+    if cfg.optable is not None:
+        info["optable"] = optable.activate(cfg.optable)
+    elif cfg.profile == "robot":
+        info["optable"] = optable.activate_text(
+            optable.robot_table(), f"robot profile (built-in rules needing only {optable.ROBOT_FEATURES})")
+    lib = cfg.peer_lib or (default_robot_lib() if cfg.profile == "robot" else None)
+    if lib is not None and cfg.peer:
+        from .. import _engine
+
+        chosen, info["peer_lib_note"] = choose_peer_lib(lib, cfg.profile, _engine.cpu_features())
+        if chosen is not None:
+            os.environ["LLAMA_CPP_LIB_PATH"] = str(chosen)  # read when llama_cpp is imported; children inherit it
+        info["peer_lib"] = str(chosen) if chosen else None
+    return info
 
 
 # -- the two engines ----------------------------------------------------------------------------
@@ -372,6 +445,17 @@ def import_peer() -> tuple[ModuleType | None, str]:
     return mod, f"llama-cpp-python {version}"
 
 
+def loaded_llama_libraries() -> list[str]:
+    """The libllama / libggml files mapped into this process (/proc/self/maps): which build of
+    llama.cpp the peer really is."""
+    try:
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    paths = (line.split(None, 5)[-1].strip() for line in maps.splitlines() if line.count(" ") >= 5)
+    return sorted({p for p in paths if Path(p).name.startswith(("libllama", "libggml"))})
+
+
 # -- measures -----------------------------------------------------------------------------------
 
 
@@ -440,6 +524,9 @@ class BenchConfig:
     mmproj: Path | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
     bandwidth_mib: int = 1024
+    profile: str = "native"
+    optable: Path | None = None
+    peer_lib: Path | None = None
     rss: bool = True
     mtmd_cli: str | None = None
     n_ctx: int = 2048
@@ -453,6 +540,14 @@ def _prefill_ids(model: Any, n: int) -> list[int]:
         text += PREFILL_TEXT
         ids = model.tokenizer.encode(text)
     return [int(t) for t in ids[:n]]
+
+
+def _chat_ids(model: Any, prompt: str, system: str | None = None) -> list[int]:
+    """A chat prompt's ids; a model without a chat template (a base model such as Gemma 3 270M)
+    gets the text as it is, the system prompt first."""
+    if model.chat_template is None:
+        return model.encode_prompt(prompt if system is None else f"{system}\n\n{prompt}", raw=True)
+    return model.encode_prompt(prompt, system=system)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -625,10 +720,13 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "optable": None,
         "load_average_start": _loadavg(),
     }
+    result["profile"] = apply_profile(cfg)
     peer_mod: ModuleType | None = None
     if cfg.peer:
         result["peer_omp_wait_policy"] = _peer_omp_policy(cfg)
         peer_mod, peer_status = import_peer()
+        if result["profile"].get("peer_lib_note"):
+            peer_status += f" ({result['profile']['peer_lib_note']})"
     else:
         peer_status = "not run (--no-peer)"
     result["peer_status"] = peer_status
@@ -637,6 +735,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             result["peer_system_info"] = peer_mod.llama_print_system_info().decode("utf-8", "replace").strip()
         except Exception:  # noqa: BLE001 - informational only
             result["peer_system_info"] = None
+        result["peer_libraries"] = loaded_llama_libraries()
     rows: list[Row] = []
 
     log(f"[bench] loading {cfg.model.name} in our engine ({cfg.threads} threads)")
@@ -681,7 +780,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         rows.append(row)
 
     # Decode.
-    prompt = ours.model.encode_prompt(DECODE_PROMPT)
+    prompt = _chat_ids(ours.model, DECODE_PROMPT)
     nd = cfg.decode_tokens
     log(f"[bench] decode {nd} tokens x{cfg.repeats}")
     ours_tokens: list[int] = []
@@ -701,11 +800,20 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     # The read bandwidth right before and right after the decode runs (and once more with the
     # roofline below): the host's other load moves it by a quarter within a minute, and the floor
     # uses the highest seen, so a quiet moment for the decode cannot look faster than memory.
-    log(f"[bench] memory read bandwidth before decode (numpy sum over {cfg.bandwidth_mib} MiB)")
-    bw_runs = [measure_bandwidth(cfg.bandwidth_mib, cfg.threads)]
+    # Two buffers each time: one the size of the bytes a token reads, one of --bandwidth-mib.
+    wb = weight_bytes_per_token(cfg.model)
+    model_mib = wb["total"] / (1 << 20)
+    bw_runs: list[dict[str, float]] = []
+    bw_model_runs: list[dict[str, float]] = []
+
+    def measure_both(when: str) -> None:
+        log(f"[bench] memory read bandwidth {when} (numpy sum over {model_mib:.0f} MiB and {cfg.bandwidth_mib} MiB)")
+        bw_model_runs.append(measure_bandwidth(model_mib, cfg.threads))
+        bw_runs.append(measure_bandwidth(cfg.bandwidth_mib, cfg.threads))
+
+    measure_both("before decode")
     a, b = _alternate(cfg.repeats, ours_decode, peer_decode if peer else None)
-    log("[bench] memory read bandwidth after decode")
-    bw_runs.append(measure_bandwidth(cfg.bandwidth_mib, cfg.threads))
+    measure_both("after decode")
     decode_row = Row(f"decode_{nd}", f"decode {nd} tokens", "tokens/s", True,
                      _median([nd / s for s in a]), _median([nd / s for s in b]) if b else None)
     decode_row.samples = {"ours_s": a, "peer_s": b}
@@ -716,8 +824,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     rows.append(decode_row)
 
     # Time to first token with a system prompt, without and with the prefix cache.
-    ids = ours.model.encode_prompt(USER_PROMPT, system=SYSTEM_PROMPT)
-    alt = ours.model.encode_prompt(USER_PROMPT_ALT, system=SYSTEM_PROMPT)
+    ids = _chat_ids(ours.model, USER_PROMPT, SYSTEM_PROMPT)
+    alt = _chat_ids(ours.model, USER_PROMPT_ALT, SYSTEM_PROMPT)
     n_pre = _common_prefix(ids, alt)
     n_pre = min(n_pre, len(ids) - 1)
     log(f"[bench] time to first token: {len(ids)} prompt tokens, {n_pre} of them the cached system prompt")
@@ -769,18 +877,19 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     rows.append(rss_row)
 
     # Decode roofline.
-    log(f"[bench] memory read bandwidth (numpy sum over {cfg.bandwidth_mib} MiB)")
-    bw_runs.append(measure_bandwidth(cfg.bandwidth_mib, cfg.threads))
+    measure_both("at the end")
     bw = highest_bandwidth(bw_runs)
-    wb = weight_bytes_per_token(cfg.model)
-    floor_ms = wb["total"] / (bw["all_gbs"] * 1e9) * 1e3
+    bw_model = highest_bandwidth(bw_model_runs)
+    floors = bandwidth_floors(wb["total"], bw_model, bw)
+    floor_ms = floors["floor_ms"]  # the binding one
     ours_ms = 1e3 / decode_row.ours if decode_row.ours else None
     peer_ms = 1e3 / decode_row.peer if decode_row.peer else None
     rows.append(Row("decode_ms", "decode time per token", "ms", False, ours_ms, peer_ms,
-                    note=f"floor {floor_ms:.2f} ms"))
+                    note=f"floor {floor_ms:.2f} ms ({_FLOOR_NAMES[floors['binds']]}, the lower one)"))
     rows.append(Row("decode_bound", "decode: bandwidth floor / time", "%", True,
                     floor_ms / ours_ms * 100 if ours_ms else None, floor_ms / peer_ms * 100 if peer_ms else None))
-    result["roofline"] = {"weight_bytes_per_token": wb, "bandwidth": bw, "floor_ms": floor_ms,
+    result["roofline"] = {"weight_bytes_per_token": wb, "bandwidth": bw, "bandwidth_model_sized": bw_model,
+                          "floors": floors, "floor_ms": floor_ms,
                           "ours_ms": ours_ms, "peer_ms": peer_ms}
     result["rows"] = [r.as_dict() for r in rows]
     result["bench_process_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -885,12 +994,32 @@ def _fmt(v: float | None, unit: str) -> str:
     return f"{v:.2f}"
 
 
+_FLOOR_NAMES = {"model_sized": "model-sized buffer", "dram": "DRAM buffer"}
+
+
+def _floor_lines(rf: dict[str, Any]) -> list[str]:
+    """Both bandwidth floors, each against both decode times, and which one binds."""
+    fl = rf["floors"]
+    lines = []
+    for key in ("model_sized", "dram"):
+        f = fl[key]
+        shares = [f"{who} {f['floor_ms'] / rf[k] * 100:.0f}%"
+                  for who, k in (("ours", "ours_ms"), ("llama.cpp", "peer_ms")) if rf.get(k)]
+        lines.append(f"floor ({_FLOOR_NAMES[key]}, {f['mib']:.0f} MiB): {f['gbs']:.1f} GB/s -> "
+                     f"{f['floor_ms']:.2f} ms/token" + (f"; decode at {', '.join(shares)} of it" if shares else ""))
+    other = "dram" if fl["binds"] == "model_sized" else "model_sized"
+    lines.append(f"the {_FLOOR_NAMES[fl['binds']]} floor binds (higher bandwidth, lower floor: "
+                 f"{fl[fl['binds']]['floor_ms']:.2f} vs {fl[other]['floor_ms']:.2f} ms/token)")
+    return lines
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The human-readable report: a markdown table plus the roofline and notes."""
     m = result["machine"]
     lines = [
         f"edgevlm bench - {result['date']} - {m['cpu']} ({m['cores']} cores, {m['arch']}) - "
-        f"{result['threads']} threads, median of {result['repeats']}",
+        f"{result['threads']} threads, median of {result['repeats']}"
+        + (f", profile {result['profile']['name']}" if result.get("profile") else ""),
         f"model: {Path(result['model']).name}; peer: {result['peer_status']}",
         "",
         "| measure | unit | ours | llama.cpp | ours/llama.cpp | better |",
@@ -902,6 +1031,7 @@ def format_table(result: dict[str, Any]) -> str:
                      f"{'-' if ratio is None else f'{ratio:.2f}'} | {r['better']} |")
     rf = result["roofline"]
     wb, bw = rf["weight_bytes_per_token"], rf["bandwidth"]
+    dram_floor = rf["floors"]["dram"]["floor_ms"] if rf.get("floors") else rf["floor_ms"]
     lines += [
         "",
         f"decode roofline: {wb['total'] / 1e6:.1f} MB of weights read per token "
@@ -909,8 +1039,10 @@ def format_table(result: dict[str, Any]) -> str:
         f"{wb['head'] / 1e6:.1f} MB); read bandwidth {bw['single_gbs']:.1f} GB/s on 1 thread, "
         f"{bw['all_gbs']:.1f} GB/s on {int(bw['threads'])} (numpy sum over {int(bw['mib'])} MiB; the highest of "
         f"{'/'.join(f'{g:.1f}' for g in bw.get('all_runs_gbs', [bw['all_gbs']]))} measured before and after the "
-        f"decode runs and at the end) -> floor {rf['floor_ms']:.2f} ms/token",
+        f"decode runs and at the end) -> floor {dram_floor:.2f} ms/token",
     ]
+    if rf.get("floors"):
+        lines += _floor_lines(rf)
     vs = []
     for who, key in (("ours", "ours_ms"), ("llama.cpp", "peer_ms")):
         if rf[key]:
@@ -929,6 +1061,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"  - llama.cpp extra buffer types (repack/AMX): {'on' if eb['on'] else 'off'} ({eb['why']})")
     if result.get("peer_system_info"):
         lines.append(f"  - llama.cpp: {result['peer_system_info']}")
+    if result.get("peer_libraries"):
+        lines.append(f"  - llama.cpp libraries: {' '.join(result['peer_libraries'])}")
     lines.append(f"  - bench wall time {result['wall_s']:.0f} s; load average (1/5/15 min) at start "
                  f"{result.get('load_average_start')}, at end {result.get('load_average_end')} on {m['cores']} cores")
     return "\n".join(lines)
@@ -1008,6 +1142,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--bandwidth-mib", type=positive_int, default=None,
                         help="array size for the bandwidth measure (1024 MiB)")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS child processes")
+    parser.add_argument("--profile", choices=PROFILES, default="native",
+                        help="native: every kernel this CPU runs; robot: as an x86 robot computer (AVX2 + AVX-VNNI, "
+                        "no AVX-512 / AMX): our robot operator table, llama.cpp built for it "
+                        "(scripts/install_bench_extra.sh --robot)")
+    parser.add_argument("--optable", default=None, metavar="FILE",
+                        help="our engine's operator table (e.g. config/optable-robot-avx2-vnni.tsv); overrides the "
+                        "profile's")
+    parser.add_argument("--peer-lib", default=None, metavar="DIR",
+                        help="folder of the libllama.so llama.cpp loads (LLAMA_CPP_LIB_PATH; robot profile default: "
+                        "$EDGEVLM_ROBOT_LLAMA_LIB or ~/.cache/edgevlm/llama-robot)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes for a smoke test: prefill 8,16, decode 8, 1 repeat, 1 vision layer")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
@@ -1040,6 +1184,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         mmproj=Path(args.mmproj) if args.mmproj else None,
         cache_dir=Path(args.cache_dir) if args.cache_dir else default_cache_dir(),
         bandwidth_mib=pick("bandwidth_mib", 1024, 32),
+        profile=args.profile,
+        optable=Path(args.optable) if args.optable else None,
+        peer_lib=Path(args.peer_lib) if args.peer_lib else None,
         rss=not args.no_rss,
         mtmd_cli=args.mtmd_cli,
     )

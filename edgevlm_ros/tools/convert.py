@@ -1,6 +1,6 @@
 """Hugging Face SmolVLM / Idefics3 checkpoint -> two GGUF files in llama.cpp's layouts.
 
-    edgevlm convert HF_DIR OUT_DIR [--type f32|f16|q8_0|q4_0|q4_1] [--name NAME]
+    edgevlm convert HF_DIR OUT_DIR [--type f32|f16|q8_0|q4_0|q4_1|q4_k_m|q5_k_m] [--name NAME]
 
 writes `OUT_DIR/<name>-<type>.gguf` (the llama-family text decoder, with its tokenizer and chat
 template) and `OUT_DIR/mmproj-<name>-<type>.gguf` (SigLIP vision tower + Idefics3 connector, clip
@@ -18,7 +18,11 @@ Tensor formats per `--type` (llama.cpp's choices where it has one):
 * the vision patch and position embeddings: F32 always (llama.cpp forces F32 for them);
 * every other matrix: the requested type; rows whose length is not a multiple of 32 fall back to F16;
 * q4_0 / q4_1: the output head (`output.weight`, or `token_embd.weight` when the head is tied to
-  it) is written as Q8_0 — llama.cpp's quantizer keeps the head at a higher precision too.
+  it) is written as Q8_0 — llama.cpp's quantizer keeps the head at a higher precision too;
+* q4_k_m / q5_k_m: the text decoder is written as the K-quant mix `edgevlm quantize` writes (Q4_K or
+  Q5_K, Q6_K for the head and some attn_v / ffn_down, Q5_0 / Q5_1 / Q8_0 for rows that are not whole
+  256-blocks: tools/quant_mix.py); the mmproj's matrices as Q8_0 (llama.cpp's quantizer takes no
+  mmproj file, and vision towers are shipped in F16 or Q8_0).
 
 Text decoder q/k weights are permuted for the interleaved-pair ("normal") RoPE that llama GGUFs use
 (Hugging Face rotates halves); the vision tower has no RoPE and is written as given.
@@ -40,11 +44,13 @@ from typing import Any
 import numpy as np
 
 from .gguf_writer import GGMLType, GGUFValueType, GGUFWriter
+from .quant_mix import MIXES, TensorSpec, plan_types
 
 __all__ = ["WEIGHT_TYPES", "add_convert_arguments", "convert", "convert_mmproj", "main", "run_convert"]
 
 log = logging.getLogger(__name__)
 
+_K_MIXES = tuple(n for n, m in MIXES.items() if m.base != GGMLType.Q8_0)
 # --type -> (tensor type of the matrices, general.file_type as llama.cpp's llama_ftype)
 WEIGHT_TYPES: dict[str, tuple[GGMLType, int]] = {
     "f32": (GGMLType.F32, 0),
@@ -52,6 +58,7 @@ WEIGHT_TYPES: dict[str, tuple[GGMLType, int]] = {
     "q8_0": (GGMLType.Q8_0, 7),
     "q4_0": (GGMLType.Q4_0, 2),
     "q4_1": (GGMLType.Q4_1, 3),
+    **{n: (MIXES[n].base, MIXES[n].file_type) for n in _K_MIXES},  # q4_k_m, q5_k_m: base type of the mix
 }
 
 _MODEL_TYPES = ("idefics3", "smolvlm")
@@ -580,6 +587,17 @@ def _text_plan(st: _SafeTensors, tp: _TextParams, wtype: GGMLType) -> list[_Plan
     return plan
 
 
+def _mixed(plan: list[_Planned], wtype: str, n_layer: int) -> list[_Planned]:
+    """The plan's types as the K-quant mix `wtype` chooses them (the same rules as edgevlm quantize)."""
+    types = plan_types([TensorSpec(p.gguf_name, p.shape, GGMLType.F32) for p in plan], wtype, n_layer)
+    return [dataclasses.replace(p, wtype=types[p.gguf_name]) for p in plan]
+
+
+def _vision_type(wtype: str, matrix_type: GGMLType) -> GGMLType:
+    """The mmproj's matrix type: Q8_0 for a K-quant mix (see the module docstring), else as asked."""
+    return GGMLType.Q8_0 if wtype in _K_MIXES else matrix_type
+
+
 def _vision_plan(st: _SafeTensors, vp: _VisionParams, n_embd_text: int, wtype: GGMLType) -> list[_Planned]:
     pre = _find_prefix(st, _VISION_PREFIXES, "embeddings.patch_embedding.weight", "vision patch embedding")
     w, ff = vp.width, vp.n_ff
@@ -727,7 +745,7 @@ def convert(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", *, name
             ) -> tuple[Path, Path]:
     """Converts a SmolVLM / Idefics3 checkpoint; returns (text GGUF path, mmproj GGUF path).
 
-    `wtype`: f32, f16, q8_0, q4_0 or q4_1 (see the module docstring for which tensors follow it).
+    `wtype`: f32, f16, q8_0, q4_0, q4_1, q4_k_m or q5_k_m (see the module docstring for which tensors follow it).
     `name`: general.name and the file stem; default the checkpoint folder's name.
     Everything is checked before anything is written; a ValueError says what is unsupported.
     """
@@ -739,7 +757,9 @@ def convert(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", *, name
     st = _SafeTensors(hf)
     tp = dataclasses.replace(tp, tied=_tied_head(config, st))
     text_plan = _text_plan(st, tp, matrix_type)
-    vision_plan = _vision_plan(st, vp, tp.n_embd, matrix_type)
+    if wtype in _K_MIXES:
+        text_plan = _mixed(text_plan, wtype, tp.n_layer)
+    vision_plan = _vision_plan(st, vp, tp.n_embd, _vision_type(wtype, matrix_type))
     known = {p.hf_name for p in text_plan + vision_plan}
     if tp.tied:
         known.add(_LM_HEAD)  # some tied checkpoints store the head anyway; token_embd serves as it
@@ -779,7 +799,7 @@ def convert_mmproj(hf_dir: str | Path, out_path: str | Path, wtype: str = "f16",
     hf, matrix_type, file_type, quantized, config = _open_checkpoint(hf_dir, wtype)
     tp, vp, pre = _checkpoint_params(hf, config)
     st = _SafeTensors(hf)
-    plan = _vision_plan(st, vp, tp.n_embd, matrix_type)
+    plan = _vision_plan(st, vp, tp.n_embd, _vision_type(wtype, matrix_type))
     known = {p.hf_name for p in plan}
     unknown = sorted(n for n in st.infos if n not in known and not n.startswith(_TEXT_PREFIXES)
                      and n != _LM_HEAD and not _IGNORED.match(n))

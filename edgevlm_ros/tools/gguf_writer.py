@@ -10,14 +10,20 @@ File layout (all integers little-endian)::
 
 Metadata values may be any GGUF value type (uint8 ... float64, bool, string, and arrays of any of
 them, arrays of arrays included). Tensors are given in numpy dimension order and written in ggml
-order (reversed). Tensor formats: F32, F16, Q8_0, Q4_0, Q4_1. The block formats are produced by the
-engine's reference quantizer (`_engine.quantize`), so the bytes are exactly what the engine and ggml
-expect; F32 and F16 need only numpy (F16 rounds to nearest-even, as ggml does).
+order (reversed). Tensor formats: F32, F16, BF16 and the block formats of `GGMLType` (Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, IQ4_NL in blocks of 32; the K-quants in super-blocks of 256). The block formats are
+produced by the engine's reference quantizer (`_engine.quantize`), so the bytes are exactly what the
+engine and ggml expect; F32, F16 and BF16 need only numpy (both 16-bit formats round to nearest-even,
+as ggml does).
 
-Type fallback: a block format (Q8_0, Q4_0, Q4_1) needs rows whose length (the last numpy dimension,
-ggml's ne0) is a multiple of 32. A tensor whose row length is not is written as **F16** instead (and
-a tensor asked for as F32 or F16 is always written as asked). `GGUFWriter.add_tensor` returns the
-type actually used; `resolve_tensor_type` tells it in advance.
+Type fallback: a block format needs rows whose length (the last numpy dimension, ggml's ne0) is a
+whole number of blocks. A tensor whose row length is not is written as **F16** instead (and a tensor
+asked for as F32, F16 or BF16 is always written as asked); the K-quant mixes choose their own
+32-element fallbacks first (tools/quant_mix.py). `GGUFWriter.add_tensor` returns the type actually
+used; `resolve_tensor_type` tells it in advance.
+
+Metadata copied from another GGUF can be added as the encoded bytes of its value
+(`add_encoded_value`), so every key keeps its exact value type.
 
 Memory: tensor data may be given as a zero-argument callable returning the array; it is called only
 while that tensor is written, and the encoded bytes are produced and written in chunks of whole rows,
@@ -42,6 +48,7 @@ __all__ = [
     "GGMLType",
     "GGUFValueType",
     "GGUFWriter",
+    "block_size",
     "ggml_type_named",
     "resolve_tensor_type",
     "tensor_nbytes",
@@ -82,16 +89,34 @@ class GGMLType(IntEnum):
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    IQ4_NL = 20
+    BF16 = 30
 
 
-# type -> (values per block, bytes per block)
+# type -> (values per block, bytes per block): ggml-common.h's block structs
 _BLOCKS: dict[GGMLType, tuple[int, int]] = {
     GGMLType.F32: (1, 4),
     GGMLType.F16: (1, 2),
+    GGMLType.BF16: (1, 2),
     GGMLType.Q4_0: (32, 18),
     GGMLType.Q4_1: (32, 20),
+    GGMLType.Q5_0: (32, 22),
+    GGMLType.Q5_1: (32, 24),
     GGMLType.Q8_0: (32, 34),
+    GGMLType.IQ4_NL: (32, 18),
+    GGMLType.Q2_K: (256, 84),
+    GGMLType.Q3_K: (256, 110),
+    GGMLType.Q4_K: (256, 144),
+    GGMLType.Q5_K: (256, 176),
+    GGMLType.Q6_K: (256, 210),
 }
 
 _SCALAR_FORMATS: dict[GGUFValueType, str] = {
@@ -119,10 +144,15 @@ def ggml_type_named(name: str | GGMLType) -> GGMLType:
         raise ValueError(f"unknown tensor type {name!r} (known: {known})") from None
 
 
+def block_size(wtype: GGMLType) -> int:
+    """Values per block of a format (1 for F32, F16, BF16)."""
+    return _BLOCKS[wtype][0]
+
+
 def resolve_tensor_type(requested: str | GGMLType, shape: Sequence[int]) -> GGMLType:
     """The type a tensor of `shape` (numpy order) is written as when `requested` is asked for.
 
-    Block formats need a row length (last numpy dimension) that is a multiple of 32; otherwise F16.
+    Block formats need a row length (last numpy dimension) of whole blocks; otherwise F16.
     """
     t = ggml_type_named(requested)
     block = _BLOCKS[t][0]
@@ -216,12 +246,21 @@ class _TensorEntry:
     raw: bool = False  # source gives the encoded bytes, written as they are
 
 
+def _to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, rounded to nearest-even; NaNs stay (quiet) NaNs."""
+    bits = np.ascontiguousarray(x, dtype="<f4").view("<u4")
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+    return np.where(np.isnan(x), ((bits >> 16) | 0x40).astype("<u2"), rounded)
+
+
 def _encode_rows(wtype: GGMLType, rows: np.ndarray) -> bytes | memoryview:
     """Encodes a 2-D float32 block of whole rows."""
     if wtype == GGMLType.F32:
         return memoryview(np.ascontiguousarray(rows, dtype="<f4")).cast("B")
     if wtype == GGMLType.F16:
         return memoryview(np.ascontiguousarray(rows.astype("<f2"))).cast("B")
+    if wtype == GGMLType.BF16:
+        return memoryview(_to_bf16(rows)).cast("B")
     from .. import _engine  # the reference block quantizer; only block formats need the native build
 
     flat = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1)
@@ -250,12 +289,15 @@ class GGUFWriter:
 
     # -- metadata ------------------------------------------------------------------------------
 
-    def add_value(self, key: str, value: Any, vtype: GGUFValueType, element_type: GGUFValueType | None = None) -> None:
-        """Adds one key of any type. Arrays need `element_type`; nested array items are (etype, items)."""
+    def _check_new_key(self, key: str) -> None:
         if not key or not isinstance(key, str):
             raise ValueError("a GGUF key must be a non-empty string")
         if key in self._kv:
             raise ValueError(f"GGUF key {key!r} is set twice")
+
+    def add_value(self, key: str, value: Any, vtype: GGUFValueType, element_type: GGUFValueType | None = None) -> None:
+        """Adds one key of any type. Arrays need `element_type`; nested array items are (etype, items)."""
+        self._check_new_key(key)
         vtype = GGUFValueType(vtype)
         if vtype == GGUFValueType.ARRAY:
             if element_type is None:
@@ -266,6 +308,13 @@ class GGUFWriter:
         else:
             payload = _encode_scalar(vtype, value)
         self._kv[key] = _encode_string(key) + struct.pack("<I", int(vtype)) + payload
+        self._values[key] = value
+
+    def add_encoded_value(self, key: str, vtype: GGUFValueType, payload: bytes, value: Any = None) -> None:
+        """Adds one key whose value is already encoded as GGUF bytes (`payload`, the bytes after the
+        value type, e.g. copied from another file); `value` is what `metadata` shows for it."""
+        self._check_new_key(key)
+        self._kv[key] = _encode_string(key) + struct.pack("<I", int(GGUFValueType(vtype))) + bytes(payload)
         self._values[key] = value
 
     def add_uint8(self, key: str, value: int) -> None:

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include "../ops.h"
+#include "kquant_avx2.h"
 #include "packed_x8.h"
 
 #define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -93,6 +94,14 @@ EV_AVX2 void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n
         }
         return;
     }
+    case DType::Q5_0: return kq::dequant_row<kq::Q5_0F>(static_cast<const uint8_t*>(src), dst, n);
+    case DType::Q5_1: return kq::dequant_row<kq::Q5_1F>(static_cast<const uint8_t*>(src), dst, n);
+    case DType::IQ4_NL: return kq::dequant_row<kq::IQ4_NLF>(static_cast<const uint8_t*>(src), dst, n);
+    case DType::Q2_K: return kq::dequant_row<kq::Q2_KF>(static_cast<const uint8_t*>(src), dst, n);
+    case DType::Q3_K: return kq::dequant_row<kq::Q3_KF>(static_cast<const uint8_t*>(src), dst, n);
+    case DType::Q4_K: return kq::dequant_row<kq::Q4_KF>(static_cast<const uint8_t*>(src), dst, n);
+    case DType::Q5_K: return kq::dequant_row<kq::Q5_KF>(static_cast<const uint8_t*>(src), dst, n);
+    case DType::Q6_K: return kq::dequant_row<kq::Q6_KF>(static_cast<const uint8_t*>(src), dst, n);
     default:
         dequantize_row(t, src, dst, n);
         return;

@@ -1,5 +1,7 @@
-// Arm NEON kernels. matmul_neon_f32act: weight rows expanded to float (reference dequantizer),
-// then 4-accumulator FMA dots (any M). matmul_neon_q8act: decode with int8 activations, the
+// Arm NEON kernels. matmul_neon_f32act: weight rows expanded to float (the NEON decoders of
+// matmul_neon_formats.cpp for Q5_0, Q5_1, IQ4_NL and the K-quants, the reference dequantizer for the
+// rest), then 4-accumulator FMA dots (any M); matmul_neon_q8act_dot reads the former formats through
+// the same decoders. matmul_neon_q8act: decode with int8 activations, the
 // integer dot product of FEAT_DotProd (sdot: four int8 products summed into each int32 lane),
 // one float FMA per block, as the AVX2 maddubs kernel does on x86; matmul_neon_q8act_dot_x8, the
 // same on weights packed 8 rows interleaved (packed_x8.h); matmul_neon_q8act_i8mm, two rows by two
@@ -12,6 +14,7 @@
 #include <cstring>
 
 #include "../ops.h"
+#include "matmul_neon.h"
 #include "packed_x8.h"
 
 namespace evk {
@@ -33,12 +36,11 @@ inline float dot_neon(const float* a, const float* b, int64_t n) {
     return s;
 }
 
-struct BlockQ8A {
-    float d, s;
-    int8_t qs[kQK];
-};
+using neon::BlockQ8A;
 
-void quantize_act(const float* x, int64_t k, BlockQ8A* out) {
+}  // namespace
+
+void neon::quantize_act(const float* x, int64_t k, BlockQ8A* out) {
     for (int64_t b = 0; b < k / kQK; ++b, x += kQK) {
         float32x4_t v[8];
         float32x4_t amax = vdupq_n_f32(0.f);
@@ -63,6 +65,10 @@ void quantize_act(const float* x, int64_t k, BlockQ8A* out) {
         out[b].s = d * static_cast<float>(sum);
     }
 }
+
+namespace {
+
+using neon::quantize_act;
 
 __attribute__((target("arch=armv8.2-a+dotprod"))) float row_dot(DType t, const uint8_t* row, const BlockQ8A* y,
                                                                   int64_t nb) {
@@ -162,8 +168,13 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const u
 
 void matmul_neon_f32act(const MatmulArgs& a) {
     const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    const neon::FormatKernels* fk = neon::format_kernels(a.wtype);  // nullptr: the reference dequantizer
     for (int64_t r = a.row0; r < a.row1; ++r) {
-        dequantize_row(a.wtype, base + static_cast<size_t>(r) * a.w_row_bytes, a.scratch, a.k);
+        const uint8_t* row = base + static_cast<size_t>(r) * a.w_row_bytes;
+        if (fk)
+            fk->dequantize(row, a.scratch, a.k);
+        else
+            dequantize_row(a.wtype, row, a.scratch, a.k);
         for (int64_t t = 0; t < a.m; ++t) a.y[t * a.y_stride + r] = dot_neon(a.scratch, a.x + t * a.x_stride, a.k);
     }
 }
@@ -172,10 +183,13 @@ void matmul_neon_q8act_dot(const MatmulArgs& a) {
     BlockQ8A* yq = reinterpret_cast<BlockQ8A*>(a.scratch);
     const int64_t nb = a.k / kQK;
     const uint8_t* base = static_cast<const uint8_t*>(a.w);
+    const neon::FormatKernels* fk = neon::format_kernels(a.wtype);  // nullptr: Q4_0, Q4_1, Q8_0 (row_dot)
     for (int64_t t = 0; t < a.m; ++t) {
         quantize_act(a.x + t * a.x_stride, a.k, yq);
-        for (int64_t r = a.row0; r < a.row1; ++r)
-            a.y[t * a.y_stride + r] = row_dot(a.wtype, base + static_cast<size_t>(r) * a.w_row_bytes, yq, nb);
+        for (int64_t r = a.row0; r < a.row1; ++r) {
+            const uint8_t* row = base + static_cast<size_t>(r) * a.w_row_bytes;
+            a.y[t * a.y_stride + r] = fk ? fk->dot(row, yq, nb) : row_dot(a.wtype, row, yq, nb);
+        }
     }
 }
 

@@ -29,9 +29,10 @@ void x8_pack(DType t, const void* src, size_t src_row_bytes, int64_t rows, int64
                     for (int j = 0; j < 8; ++j) std::memcpy(o + 16 + 32 * j + 4 * r, q + 4 * j, 4);
                     continue;
                 }
-                const uint8_t* q = blk + (t == DType::Q4_1 ? 4 : 2);
-                uint8_t* v = o + (t == DType::Q4_1 ? 32 : 16);
+                const uint8_t* q = blk + (t == DType::Q4_1 ? 4 : t == DType::Q5_0 ? 6 : 2);
+                uint8_t* v = o + (t == DType::Q4_1 ? 32 : t == DType::Q5_0 ? 48 : 16);
                 if (t == DType::Q4_1) std::memcpy(o + 16 + 2 * r, blk + 2, 2);  // m
+                if (t == DType::Q5_0) std::memcpy(o + 16 + 4 * r, blk + 2, 4);  // qh
                 // The file's byte i holds element i (low) and i + 16 (high): vector j, lane r,
                 // byte i takes elements 4j + i and 16 + 4j + i, the file's byte 4j + i as it is.
                 for (int j = 0; j < 4; ++j) std::memcpy(v + 32 * j + 4 * r, q + 4 * j, 4);
@@ -51,8 +52,9 @@ void x8_unpack_row(DType t, const void* packed, int64_t k, int64_t row, void* ds
             continue;
         }
         if (t == DType::Q4_1) std::memcpy(out + 2, in + 16 + 2 * r, 2);
-        const uint8_t* v = in + (t == DType::Q4_1 ? 32 : 16);
-        uint8_t* q = out + (t == DType::Q4_1 ? 4 : 2);
+        if (t == DType::Q5_0) std::memcpy(out + 2, in + 16 + 4 * r, 4);
+        const uint8_t* v = in + (t == DType::Q4_1 ? 32 : t == DType::Q5_0 ? 48 : 16);
+        uint8_t* q = out + (t == DType::Q4_1 ? 4 : t == DType::Q5_0 ? 6 : 2);
         for (int j = 0; j < 4; ++j) std::memcpy(q + 4 * j, v + 32 * j + 4 * r, 4);
     }
 }

@@ -4,11 +4,13 @@
 // no horizontal sums per block, and one float FMA per block serves 8 rows.
 //
 // Per group of 8 rows (the last group padded with zero rows), per block b of 32 columns:
-//   d[8]   uint16  fp16 scales of rows 0..7                      (Q4_0, Q4_1, Q8_0)
+//   d[8]   uint16  fp16 scales of rows 0..7                      (Q4_0, Q4_1, Q8_0, Q5_0)
 //   m[8]   uint16  fp16 offsets                                   (Q4_1 only)
 //   Q4_0/Q4_1: 4 vectors of 32 bytes; vector j, byte 4r + i: low nibble = element 4j + i of row
 //              r (unsigned, 0..15), high nibble = element 16 + 4j + i.
 //   Q8_0:      8 vectors of 32 bytes; vector j, byte 4r + i = element 4j + i of row r (int8).
+//   Q5_0:      qh[8] uint32, the file's fifth bits of rows 0..7 (bit i: element i), then the 4
+//              nibble vectors of Q4_0.
 // A block takes 8 x the bytes of the file's block: the packed copy is the same size as the rows.
 // The weight is packed once, at load; the file stays untouched.
 #pragma once
@@ -24,7 +26,7 @@ constexpr int64_t kPackRows = 8;
 // Bytes of one block of one group; 0 for a format the layout does not have.
 // Inline and constexpr: the kernels ask for it per group of rows, with T a template constant.
 constexpr size_t x8_block_bytes(DType t) {
-    return t == DType::Q4_0 ? 16 + 128 : t == DType::Q4_1 ? 32 + 128 : t == DType::Q8_0 ? 16 + 256 : 0;
+    return t == DType::Q4_0 ? 16 + 128 : t == DType::Q4_1 ? 32 + 128 : t == DType::Q8_0 ? 16 + 256 : t == DType::Q5_0 ? 48 + 128 : 0;
 }
 // Bytes of the whole packed weight (rows rounded up to groups), or 0 when t has no x8 layout or
 // k is not a whole number of blocks.

@@ -2,13 +2,16 @@
 // on random inputs of awkward sizes. Built natively and with the aarch64 cross compiler (run
 // under qemu-aarch64) by test/test_kernels_native.py. Prints "N passed, M failed".
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "../matmul/matmul_neon.h"
 #include "../matmul/packed_x8.h"
 #include "../ops.h"
 
@@ -54,6 +57,175 @@ float int8_bound(const float* w, const float* x, int64_t k) {
     return b;
 }
 
+// The formats of 16 and 32-element sub-blocks with fp16 scales (Q5_0, Q5_1, IQ4_NL, the K-quants),
+// checked by check_block_formats() rather than the generic matmul loop: where their fp16 fields
+// are (every other byte of a block may hold anything), and which of those are mins.
+struct BlockFormat {
+    DType t;
+    std::vector<size_t> scales, mins;  // byte offsets of fp16 fields within a block
+};
+const std::vector<BlockFormat>& block_formats() {
+    static const std::vector<BlockFormat> f = {
+        {DType::Q5_0, {offsetof(BlockQ5_0, d)}, {}},
+        {DType::Q5_1, {offsetof(BlockQ5_1, d)}, {offsetof(BlockQ5_1, m)}},
+        {DType::IQ4_NL, {offsetof(BlockIQ4_NL, d)}, {}},
+        {DType::Q2_K, {offsetof(BlockQ2_K, d)}, {offsetof(BlockQ2_K, dmin)}},
+        {DType::Q3_K, {offsetof(BlockQ3_K, d)}, {}},
+        {DType::Q4_K, {offsetof(BlockQ4_K, d)}, {offsetof(BlockQ4_K, dmin)}},
+        {DType::Q5_K, {offsetof(BlockQ5_K, d)}, {offsetof(BlockQ5_K, dmin)}},
+        {DType::Q6_K, {offsetof(BlockQ6_K, d)}, {}},
+    };
+    return f;
+}
+const BlockFormat* block_format(DType t) {
+    for (const BlockFormat& f : block_formats())
+        if (f.t == t) return &f;
+    return nullptr;
+}
+
+// Random bytes with every fp16 field set to a random finite half (subnormals and 65504 included).
+std::vector<uint8_t> arbitrary_blocks(const BlockFormat& f, int64_t rows, int64_t k, std::mt19937& rng) {
+    const TypeTraits* tt = type_traits(f.t);
+    std::vector<uint8_t> w(row_bytes(f.t, k) * static_cast<size_t>(rows));
+    for (uint8_t& b : w) b = static_cast<uint8_t>(rng());
+    for (size_t blk = 0; blk < w.size(); blk += static_cast<size_t>(tt->block_bytes))
+        for (const std::vector<size_t>* fields : {&f.scales, &f.mins})
+            for (size_t off : *fields) {
+                uint16_t h = static_cast<uint16_t>(rng());
+                if ((h & 0x7c00u) == 0x7c00u) h &= 0xbfffu;  // exponent 31 (inf, NaN) -> 15
+                std::memcpy(&w[blk + off], &h, 2);
+            }
+    return w;
+}
+
+// m tokens of k activations on the int8 grid: x = c q, c a power of two per token, |q| <= 127 and a
+// +-127 in every block of 32, so quantizing x to int8 (per 32 or per 256) is exact and an int8
+// kernel must agree with the float reference up to float rounding only.
+std::vector<float> int8_grid_activations(int64_t m, int64_t k, std::mt19937& rng) {
+    std::uniform_int_distribution<int> q(-127, 127), e(-4, 2), pos(0, kQK - 1);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (int64_t t = 0; t < m; ++t) {
+        const float c = std::ldexp(1.f, e(rng));
+        for (int64_t i = 0; i < k; ++i) x[t * k + i] = c * static_cast<float>(q(rng));
+        for (int64_t b = 0; b < k; b += kQK) x[t * k + b + pos(rng)] = c * ((rng() & 1) ? 127.f : -127.f);
+    }
+    return x;
+}
+
+// Every variant of a block format (any ISA this build has) against matmul_ref, on rows 1, 3, 17, 129
+// (split in two ranges) and k of 1 to 18 blocks (32 to 576, or 256 to 2304 for the K-quants),
+// weights from the reference quantizer and arbitrary bytes, int8-grid activations. Tolerance: 2e-5 of sum |x| (|s q| + |m|), the magnitudes of both terms of every weight
+// (w = s q - m may cancel; the kernels may add the two terms in another order). On Arm also the
+// NEON dequantizers element by element, within one rounding of each term.
+void check_block_formats(std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (const BlockFormat& f : block_formats()) {
+        const TypeTraits* tt = type_traits(f.t);
+        if (!tt || !tt->computable || !tt->from_float) {
+            check(false, std::string("format ") + (tt ? tt->name : "?") + " has no reference dequantizer and quantizer");
+            continue;
+        }
+        std::vector<VariantInfo> variants;
+        for (const VariantInfo& v : list_variants())
+            if (v.op == "matmul" && v.available && v.name != "ref" && std::find(v.formats.begin(), v.formats.end(), tt->name) != v.formats.end())
+                variants.push_back(v);
+        const std::vector<int64_t> k_set = tt->block_size == kQK_K ? std::vector<int64_t>{256, 512, 2304} : std::vector<int64_t>{32, 96, 160, 576};
+        std::vector<int> n_bad(variants.size() + 1, 0), n_cases(variants.size() + 1, 0);
+        for (int64_t k : k_set) {
+            // Quantized rows come from a pool of 8 per k (the reference quantizers search, slowly
+            // under qemu), drawn at random for each row of each shape.
+            const size_t rb = row_bytes(f.t, k);
+            const int64_t pool_rows = 8;
+            std::vector<uint8_t> pool(rb * pool_rows);
+            std::vector<float> src(static_cast<size_t>(k));
+            for (int64_t r = 0; r < pool_rows; ++r) {
+                for (float& e : src) e = nd(rng);
+                tt->from_float(src.data(), pool.data() + static_cast<size_t>(r) * rb, k);
+            }
+            // Tokens per shape: 5 (a GEMM's token tiles and tail), 2, 5, and 1 for the largest.
+            for (const auto& [rows, m] : {std::pair<int64_t, int64_t>{1, 5}, {3, 2}, {17, 5}, {129, 1}})
+                for (const bool arbitrary : {false, true}) {
+                    std::vector<uint8_t> w;
+                    if (arbitrary) {
+                        w = arbitrary_blocks(f, rows, k, rng);
+                    } else {
+                        w.resize(rb * static_cast<size_t>(rows));
+                        for (int64_t r = 0; r < rows; ++r)
+                            std::memcpy(w.data() + static_cast<size_t>(r) * rb, pool.data() + rng() % pool_rows * rb, rb);
+                    }
+                    const std::vector<float> x = int8_grid_activations(m, k, rng);
+                    std::vector<float> y_ref(static_cast<size_t>(m * rows)), scratch(static_cast<size_t>(kMatmulScratchRows * k));
+                    MatmulArgs a{w.data(), f.t, rb, k, 0, rows, x.data(), k, y_ref.data(), rows, m, scratch.data()};
+                    matmul_ref(a);
+                    // Per row: the reference's floats, and each weight's |s q| + |m| (the row dequantized
+                    // again with its mins zeroed gives s q).
+                    std::vector<float> wf(static_cast<size_t>(rows * k)), term(static_cast<size_t>(rows * k));
+                    std::vector<uint8_t> no_min(rb);
+                    for (int64_t r = 0; r < rows; ++r) {
+                        const uint8_t* row = w.data() + static_cast<size_t>(r) * rb;
+                        float* wr = &wf[static_cast<size_t>(r * k)];
+                        dequantize_row(f.t, row, wr, k);
+                        std::memcpy(no_min.data(), row, rb);
+                        for (size_t blk = 0; blk < rb; blk += static_cast<size_t>(tt->block_bytes))
+                            for (size_t off : f.mins) std::memset(&no_min[blk + off], 0, 2);
+                        dequantize_row(f.t, no_min.data(), scratch.data(), k);
+                        for (int64_t i = 0; i < k; ++i) term[r * k + i] = std::fabs(scratch[i]) + std::fabs(wr[i] - scratch[i]);
+                    }
+                    std::vector<float> mag(static_cast<size_t>(m * rows), 0.f);  // sum |x| (|s q| + |m|) per output
+                    for (int64_t t = 0; t < m; ++t)
+                        for (int64_t r = 0; r < rows; ++r)
+                            for (int64_t i = 0; i < k; ++i) mag[t * rows + r] += std::fabs(x[t * k + i]) * term[r * k + i];
+#if defined(__aarch64__)
+                    if (const neon::FormatKernels* fk = neon::format_kernels(f.t)) {
+                        for (int64_t r = 0; r < rows; ++r) {
+                            fk->dequantize(w.data() + static_cast<size_t>(r) * rb, scratch.data(), k);
+                            for (int64_t i = 0; i < k; ++i)
+                                n_bad.back() += !(std::fabs(scratch[i] - wf[r * k + i]) <= 0x1p-22f * term[r * k + i]);
+                        }
+                        n_cases.back() += static_cast<int>(rows * k);
+                    }
+#endif
+                    for (size_t vi = 0; vi < variants.size(); ++vi) {
+                        const MatmulChoice choice = matmul_choice(variants[vi].name);
+                        std::vector<uint8_t> packed, xp;
+                        MatmulArgs b = a;
+                        std::vector<float> y(static_cast<size_t>(m * rows));
+                        b.y = y.data();
+                        if (choice.packing) {
+                            packed.resize(choice.packing->bytes(f.t, rows, k));
+                            choice.packing->pack(f.t, w.data(), rb, rows, k, packed.data());
+                            b.w = packed.data();
+                            b.w_layout = choice.packing->layout;
+                        }
+                        if (choice.act) {
+                            xp.resize(choice.act->bytes(m, k) + 64);
+                            uint8_t* p = xp.data() + (64 - reinterpret_cast<uintptr_t>(xp.data()) % 64) % 64;
+                            choice.act->prep(x.data(), k, m, k, 0, choice.act->padded_tokens(m), p);
+                            b.xp = p;
+                            b.xp_stride = static_cast<int64_t>(choice.act->row_bytes(k));
+                        }
+                        b.row1 = rows / 2;  // two row ranges, as the thread pool splits them
+                        if (b.row1 > 0) choice.fn(b);
+                        b.row0 = rows / 2;
+                        b.row1 = rows;
+                        choice.fn(b);
+                        for (int64_t i = 0; i < m * rows; ++i) {
+                            n_bad[vi] += !(std::fabs(y[i] - y_ref[i]) <= 2e-5f * mag[i] + 1e-30f);
+                            ++n_cases[vi];
+                        }
+                    }
+                }
+        }
+        for (size_t vi = 0; vi < variants.size(); ++vi)
+            check(n_bad[vi] == 0, "matmul/" + variants[vi].name + "/" + tt->name + " (block formats): " + std::to_string(n_bad[vi]) +
+                                      " of " + std::to_string(n_cases[vi]) + " outputs off");
+        if (n_cases.back() > 0)
+            check(n_bad.back() == 0, std::string("neon dequantize/") + tt->name + ": " + std::to_string(n_bad.back()) + " of " +
+                                         std::to_string(n_cases.back()) + " values off");
+        std::printf("block format %s: %zu variants checked\n", tt->name, variants.size());
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -64,10 +236,10 @@ int main() {
     for (const std::string& name : cpu_feature_names()) std::printf(" %s=%d", name.c_str(), has_cpu_feature(f, name) ? 1 : 0);
     std::printf("\n");
     // 113 rows split 56 / 57: a 48-row panel of avx512_gemm plus a partial one; k = 416: two
-    // 192-element k blocks of avx512_gemm and a tail block; k = 256: one K-quant super-block (the
-    // only k of the set those formats take).
+    // 192-element k blocks of avx512_gemm and a tail block. The formats of block_formats() (the
+    // K-quants, which take none of these k) are checked by check_block_formats().
     const int64_t rows_set[] = {1, 3, 17, 64, 113};
-    const int64_t k_set[] = {32, 96, 160, 576, 416, 256};
+    const int64_t k_set[] = {32, 96, 160, 576, 416};
     const int64_t m_set[] = {1, 2, 5, 13};
     for (const VariantInfo& v : list_variants()) {
         if (!v.available) {
@@ -81,6 +253,7 @@ int main() {
         for (const std::string& fmt : v.formats) {
             DType t = DType::F32;
             type_named(fmt.c_str(), &t);
+            if (block_format(t)) continue;  // check_block_formats()
             int n_cases = 0, n_bad = 0;
             for (int64_t rows : rows_set)
                 for (int64_t k : k_set)
@@ -166,6 +339,7 @@ int main() {
                                   std::to_string(n_cases) + " outputs off");
         }
     }
+    check_block_formats(rng);
     // Attention variants against the reference.
     for (const VariantInfo& v : list_variants()) {
         if (v.op != "attention" || !v.available) continue;
