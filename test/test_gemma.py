@@ -390,11 +390,11 @@ def test_gemma_logits_match_transformers_at_every_position(gemma_ours: _NativeTe
     assert worst < GEMMA_MAX_REL
 
 
-# The greedy checks decode 2 x 5 x 48 tokens: ~5 minutes on 2 loaded cores while the new formats
-# decode through the generic float-activation path (1.6 tokens/s, 2026-12-01), so they run when
-# EDGEVLM_TEST_GEMMA_GREEDY=1 (README, "Tests").
+# The greedy checks: ~6 minutes on 2 loaded cores (2026-12-01, with the K-quant decode kernels:
+# llama.cpp's token-by-token run through llama-cpp-python 305 s, transformers' teacher-forced
+# forwards 53 s), so they run when EDGEVLM_TEST_GEMMA_GREEDY=1 (README, correctness table).
 greedy_run = pytest.mark.skipif(os.environ.get("EDGEVLM_TEST_GEMMA_GREEDY") != "1",
-                                reason="set EDGEVLM_TEST_GEMMA_GREEDY=1 (about 5 minutes on 2 cores)")
+                                reason="set EDGEVLM_TEST_GEMMA_GREEDY=1 (about 6 minutes on 2 cores)")
 
 
 @greedy_run
