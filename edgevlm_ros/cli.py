@@ -68,6 +68,8 @@ def _generate(args: argparse.Namespace) -> int:
     from .engine.text_model import load
 
     model = load(args.model, threads=args.threads)
+    if not args.raw and model.raw_note:
+        print(model.raw_note, file=sys.stderr)
     result = model.generate(args.prompt, max_new_tokens=args.max_tokens, raw=args.raw, system=args.system)
     if args.json:
         print(json.dumps(result.as_dict(), ensure_ascii=False))

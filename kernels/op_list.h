@@ -17,6 +17,7 @@
     X(softmax, SoftmaxFn)       \
     X(gelu_tanh, GeluFn)        \
     X(silu_mul, SiluMulFn)      \
+    X(gelu_mul, GeluMulFn)      \
     X(rmsnorm, RmsNormFn)       \
     X(layernorm, LayerNormFn)   \
     X(rope, RopeFn)             \

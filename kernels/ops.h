@@ -61,6 +61,7 @@ using AttentionFn = void (*)(const AttentionArgs&);
 using SoftmaxFn = void (*)(float* x, int64_t n, float scale);  // x = softmax(scale * x), max-subtracted
 using GeluFn = void (*)(float* a, int64_t n);                   // a = gelu_tanh(a)
 using SiluMulFn = void (*)(float* a, const float* b, int64_t n);  // a = silu(a) * b
+using GeluMulFn = SiluMulFn;                                     // a = gelu_tanh(a) * b (GeGLU)
 
 // Phases of a matrix product: decode (a few tokens: weights streamed once, bandwidth-bound) and
 // prefill (many tokens: weights reused across tokens, compute-bound).

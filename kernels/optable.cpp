@@ -32,6 +32,7 @@ void rmsnorm_neon(const float*, const float*, float*, int64_t, float);
 void layernorm_neon(const float*, const float*, const float*, float*, int64_t, float);
 void rope_neon(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_neon(float*, const float*, int64_t);
+void gelu_mul_neon(float*, const float*, int64_t);
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
 void matmul_neon_q8act_dot_x8(const MatmulArgs&);
@@ -54,6 +55,7 @@ void attention_avx2(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
 void gelu_tanh_avx2(float*, int64_t);
 void silu_mul_avx2(float*, const float*, int64_t);
+void gelu_mul_avx2(float*, const float*, int64_t);
 void rmsnorm_avx2(const float*, const float*, float*, int64_t, float);
 void layernorm_avx2(const float*, const float*, const float*, float*, int64_t, float);
 void rope_avx2(float*, int64_t, int64_t, int64_t, const float*, bool);
@@ -214,6 +216,7 @@ const std::vector<Variant>& registry() {
         {EVK_V(layernorm, neon), {}, "neon"},
         {EVK_V(rope, neon), {}, "neon"},
         {EVK_V(add, neon), {}, "neon"},
+        {EVK_V(gelu_mul, neon), {}, "neon"},
         {EVK_V(matmul, neon_f32act), dequantized_formats(), "neon"},
         {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K,
                                          DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "neon,dotprod"},
@@ -240,6 +243,7 @@ const std::vector<Variant>& registry() {
         {EVK_V(softmax, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(gelu_tanh, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(silu_mul, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(gelu_mul, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(rmsnorm, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(layernorm, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(rope, avx2), {}, "avx2,fma,f16c"},

@@ -224,7 +224,7 @@ void register_kernel_bindings(py::module_& m) {
 
     // One exp-based element-wise operator by a named variant ('ref', 'best' = what the operator
     // table picked at start, or a variant name) on a copy of x: softmax over each row of a 2-D x
-    // (or the whole of a 1-D x) with the given scale, gelu_tanh over all of x, silu_mul with b
+    // (or the whole of a 1-D x) with the given scale, gelu_tanh over all of x, silu_mul / gelu_mul with b
     // (the shape of x) as the gate's other factor.
     m.def("kernel_elementwise", [](const std::string& op, const std::string& variant,
                                    py::array_t<float, py::array::c_style | py::array::forcecast> x, py::object b, float scale) {
@@ -245,7 +245,7 @@ void register_kernel_bindings(py::module_& m) {
                 py::gil_scoped_release nogil;
                 fn(y, n);
             },
-            [&](evk::SiluMulFn fn) {  // silu_mul and add: a = f(a, b) over n
+            [&](evk::SiluMulFn fn) {  // silu_mul, gelu_mul and add: a = f(a, b) over n
                 if (b.is_none()) throw py::value_error(op + " needs b");
                 const auto bb = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(b);
                 if (!bb || bb.size() != n) throw py::value_error("b must have as many elements as x");

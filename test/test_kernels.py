@@ -136,7 +136,7 @@ def test_every_variant_is_classified_and_best_is_not_ref() -> None:
     assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS, INT8_ACT_VARIANTS or SPLIT_BF16_VARIANTS"
     chosen = _engine.kernel_variants()
     assert set(chosen) == {f"matmul/{t}/{p}" for t in _engine.weight_formats() for p in ("decode", "prefill")} | {
-        "attention", "softmax", "gelu_tanh", "silu_mul", "rmsnorm", "layernorm", "rope", "add"}
+        "attention", "softmax", "gelu_tanh", "silu_mul", "gelu_mul", "rmsnorm", "layernorm", "rope", "add"}
     for key, name in chosen.items():
         if key.startswith("matmul/"):
             assert name == "ref" or name in matmul_variants(key.split("/")[1]), (key, name)
@@ -621,7 +621,7 @@ def test_attention_argument_checks() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exp-based element-wise operators: softmax, gelu_tanh, silu_mul
+# Exp-based element-wise operators: softmax, gelu_tanh, silu_mul, gelu_mul
 # --------------------------------------------------------------------------------------------
 # Error bounds, per element, against float64 evaluated on the same float32 inputs:
 #   EXP_REL = 2e-6 relative (the vector exp is ~1.2 ulp on its reduced range; a few roundings
@@ -630,6 +630,7 @@ def test_attention_argument_checks() -> None:
 #   gives a subnormal; |x| and |b| (at most a few hundred there) scale what is flushed;
 #   gelu_tanh + GELU_X_REL |x|: the reference computes 0.5 x (1 + tanh y) in float, and 1 + tanh y
 #   keeps no digits where tanh y is near -1 (x below about -3): measured up to 1.0 |x| 2^-23;
+#   gelu_mul (gelu_tanh(x) b) the same times |b|, GELU_X_REL |x b|;
 #   softmax: the reference adds the exponentials in float, one after another, which costs it up to
 #   ~sqrt(n) float roundings of the sum (2.2e-6 at n = 4097); variant and reference are compared
 #   after renormalizing each row in float64, which removes the sum, and the variant's own sum (it
@@ -640,7 +641,7 @@ GELU_X_REL = 2.0 ** -22
 SOFTMAX_SUM_TOL = 1e-6
 EW_SIZES = (1, 7, 8, 9, 31, 33, 257, 1000, 4097)
 EW_SPREADS = (1.0, 8.0, 90.0, 1e4)
-EW_OPS = ("softmax", "gelu_tanh", "silu_mul")
+EW_OPS = ("softmax", "gelu_tanh", "silu_mul", "gelu_mul")
 NORM_OPS = ("rmsnorm", "layernorm", "rope", "add")
 
 
@@ -698,13 +699,15 @@ def ew_bound(op: str, want: np.ndarray, x: np.ndarray, b: np.ndarray) -> np.ndar
     bound = EXP_REL * np.abs(want) + EXP_FLOOR
     if op == "gelu_tanh":
         bound = bound + GELU_X_REL * np.abs(x.astype(np.float64))
+    if op == "gelu_mul":
+        bound = bound + GELU_X_REL * np.abs(x.astype(np.float64) * b)
     return bound
 
 
 @pytest.mark.parametrize("op", EW_OPS + NORM_OPS)
 def test_elementwise_variant_is_chosen(op: str) -> None:
-    """With AVX2 + FMA the operator table serves softmax, gelu_tanh, silu_mul, rmsnorm, layernorm,
-    rope and add with 'avx2'."""
+    """With AVX2 + FMA the operator table serves softmax, gelu_tanh, silu_mul, gelu_mul, rmsnorm,
+    layernorm, rope and add with 'avx2'."""
     chosen = _engine.kernel_variants()
     assert chosen[op] == _engine.choose(op)
     assert chosen[op] == "ref" or chosen[op] in ew_variants(op)
@@ -732,6 +735,8 @@ def test_elementwise_variants_vs_ref_vs_numpy(op: str, spread: float) -> None:
             want = softmax64(x, 0.125)
         elif op == "gelu_tanh":
             want = gelu64(x)
+        elif op == "gelu_mul":
+            want = gelu64(x) * b
         else:
             want = x.astype(np.float64) * sigmoid64(x.astype(np.float64)) * b
         bound = ew_bound(op, want, x, b)
@@ -762,6 +767,8 @@ def test_elementwise_edge_values(variant: str) -> None:
     x = np.array([0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4, 3e38, -3e38], np.float32)
     g = _engine.kernel_elementwise("gelu_tanh", variant, x)
     s = _engine.kernel_elementwise("silu_mul", variant, x, np.ones_like(x))
+    gm = _engine.kernel_elementwise("gelu_mul", variant, x, np.ones_like(x))
+    assert same_bits(gm, g), (variant, gm, g)  # times 1: gelu_tanh itself
     for y in (g, s):
         assert np.all(np.isfinite(y)), (variant, y)
         assert y[0] == 0 and y[1] == 0

@@ -42,7 +42,8 @@ class TextModel:
                 f"bad GGUF file '{self.path}': tokenizer has {self.tokenizer.vocab_size} tokens "
                 f"but the output head only {self.config['n_vocab']}"
             )
-        self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
+        # None or "": a base (pretrained) model, whose prompts are fed as they are (encode_prompt).
+        self.chat_template: str | None = self.metadata.get("tokenizer.chat_template") or None
         self.stop_ids: list[int] = sorted(self.tokenizer.eot_ids)
         # Rendered and tokenized prompts, by (prompt, raw, system): a prompt that repeats is encoded once.
         self._encoded: PromptCache[tuple[int, ...]] = PromptCache()
@@ -56,8 +57,20 @@ class TextModel:
         eos = self._token_text(self.tokenizer.eos_id)
         return render_chat(self.chat_template, messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
 
+    @property
+    def raw_note(self) -> str | None:
+        """The one line a front end prints when prompts go in raw because the file has no chat
+        template (a base model, e.g. Gemma 3 270M pretrained); None for a chat model."""
+        if self.chat_template:
+            return None
+        bos = "with BOS" if self.metadata.get("tokenizer.ggml.add_bos_token", False) else "without BOS"
+        return f"{self.path.name} has no chat template (a base model): the prompt is fed raw, {bos} as the file says"
+
     def encode_prompt(self, prompt: str, raw: bool = False, system: str | None = None) -> list[int]:
-        """Token ids of a prompt. raw: the text as it is (BOS only if the GGUF asks for one)."""
+        """Token ids of a prompt. raw, or a file without a chat template: the text as it is (BOS
+        only if the GGUF asks for one)."""
+        raw = raw or not self.chat_template
+
         def encode() -> tuple[int, ...]:
             # The template writes any BOS it wants itself, so none is added on top.
             if raw:

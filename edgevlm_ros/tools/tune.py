@@ -174,6 +174,7 @@ def elementwise_ops() -> tuple[str, ...]:
 
 
 ELEMENTWISE_SHAPE = (64, 1024)
+GATES = ("silu_mul", "gelu_mul")  # a = f(a) * b: x and b
 ROPE_HEAD_DIM = 64  # rope: each row of ELEMENTWISE_SHAPE as heads of this size, all dims rotated
 
 
@@ -293,7 +294,7 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
                 for _ in range(calls):
                     if op == "softmax":
                         _engine.kernel_elementwise(op, name, x, scale=0.125)
-                    elif op in ("silu_mul", "add"):
+                    elif op in GATES or op == "add":
                         _engine.kernel_elementwise(op, name, x, b)
                     elif op == "rmsnorm":
                         _engine.kernel_norm(op, name, x, w_row, eps=1e-5)

@@ -1,4 +1,4 @@
-// AVX2 + FMA element-wise operators: softmax, GELU (tanh form) and SiLU-gate built on the vector
+// AVX2 + FMA element-wise operators: softmax, GELU (tanh form), the SiLU and GELU gates built on the vector
 // exp (exp_avx2.h), and the residual add, 8 floats at a time, the tail (n % 8) through masked loads and stores with
 // the same arithmetic. Compiled for the baseline ISA; only these functions carry the AVX2 target.
 #if defined(__x86_64__)
@@ -64,6 +64,16 @@ EV_AVX2 void silu_mul_avx2(float* a, const float* b, int64_t n) {
         const __m256i m = tail_mask(n - i);
         const __m256 x = _mm256_maskload_ps(a + i, m);
         _mm256_maskstore_ps(a + i, m, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(x)), _mm256_maskload_ps(b + i, m)));
+    }
+}
+
+// a = gelu_tanh(a) * b (GeGLU), gelu as in gelu_tanh_avx2.
+EV_AVX2 void gelu_mul_avx2(float* a, const float* b, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(a + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(a + i)), _mm256_loadu_ps(b + i)));
+    if (i < n) {
+        const __m256i m = tail_mask(n - i);
+        _mm256_maskstore_ps(a + i, m, _mm256_mul_ps(gelu8(_mm256_maskload_ps(a + i, m)), _mm256_maskload_ps(b + i, m)));
     }
 }
 

@@ -364,7 +364,7 @@ int main() {
     }
     // Exp-based element-wise variants against the reference, on awkward sizes (SIMD tails) and
     // large magnitudes. Tolerance: relative 2e-6 of the reference, plus 1e-35 for results the
-    // variants flush to 0 below exp(-87.3), plus for gelu_tanh 2^-22 |x|: the reference computes
+    // variants flush to 0 below exp(-87.3), plus for gelu_tanh 2^-22 |x| (gelu_mul: |x b|): the reference computes
     // 1 + tanh(y) in float, which keeps no digits where tanh(y) is near -1. Softmax rows are
     // compared after dividing each by its sum in double: the reference adds in float, which alone
     // costs it ~2e-6 at n = 4097; the variant's own sum must be 1 within 1e-6. Eight guard values
@@ -372,7 +372,7 @@ int main() {
     const int64_t sizes[] = {1, 7, 8, 9, 31, 33, 257, 1000, 4097};
     std::uniform_real_distribution<float> ud(-1.f, 1.f);
     for (const VariantInfo& v : list_variants()) {
-        if (!v.available || v.name == "ref" || (v.op != "softmax" && v.op != "gelu_tanh" && v.op != "silu_mul")) continue;
+        if (!v.available || v.name == "ref" || (v.op != "softmax" && v.op != "gelu_tanh" && v.op != "silu_mul" && v.op != "gelu_mul")) continue;
         for (float spread : {1.f, 8.f, 90.f, 1e4f})
             for (int64_t n : sizes) {
                 const float guard = 12345.f;
@@ -386,6 +386,9 @@ int main() {
                 } else if (v.op == "gelu_tanh") {
                     gelu_tanh_ref(want.data(), n);
                     gelu_tanh_variant(v.name)(got.data(), n);
+                } else if (v.op == "gelu_mul") {
+                    gelu_mul_ref(want.data(), b.data(), n);
+                    gelu_mul_variant(v.name)(got.data(), b.data(), n);
                 } else {
                     silu_mul_ref(want.data(), b.data(), n);
                     silu_mul_variant(v.name)(got.data(), b.data(), n);
@@ -400,6 +403,7 @@ int main() {
                     const double w = want[i] / sw, g = got[i] / sg;
                     double tol = 2e-6 * std::fabs(w) + 1e-35;
                     if (v.op == "gelu_tanh") tol += std::ldexp(std::fabs(x[i]), -22);
+                    if (v.op == "gelu_mul") tol += std::ldexp(std::fabs(x[i] * b[i]), -22);
                     if (!(std::fabs(g - w) <= tol)) ++bad;
                 }
                 for (int64_t i = n; i < n + 8; ++i) bad += got[i] != guard;

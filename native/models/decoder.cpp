@@ -313,6 +313,10 @@ void Decoder::restore(const KVSnapshot& s) {
     n_past_ = s.n_past;
 }
 
+std::string layer_variants(const Weight& w) {
+    return std::string("layers (") + evk::type_traits(w.type)->name + "): decode=" + w.decode.name + " prefill=" + w.prefill.name;
+}
+
 std::string Decoder::variants() const {
     const evk::OpTable& op = compute_.ops();
     return arch_->variants() + "; output (" + evk::type_traits(output_.type)->name + "): decode=" + output_.decode.name +

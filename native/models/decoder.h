@@ -142,6 +142,9 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
 // The chunk's keys and values (s.k, s.v) into the cache at positions pos0 ...
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch);
 
+// "layers (<format>): decode=<kernel> prefill=<kernel>" of a layer's weight, for a block's variants().
+std::string layer_variants(const Weight& w);
+
 class Decoder {
 public:
     // Picks the architecture from general.architecture (registry.h); UnsupportedModel for one

@@ -63,11 +63,7 @@ public:
         op.add(s.x.data(), s.xb2.data(), n * d);
     }
 
-    std::string variants() const override {
-        const Weight& w = layers_[0].wq;
-        return std::string("layers (") + evk::type_traits(w.type)->name + "): decode=" + w.decode.name +
-               " prefill=" + w.prefill.name;
-    }
+    std::string variants() const override { return layer_variants(layers_[0].wq); }
 
 private:
     struct Layer {

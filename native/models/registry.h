@@ -21,7 +21,8 @@ public:
 // Text decoders: X(general.architecture, the factory's name). Each factory lives in its own file
 // (make_llama in llama.cpp) and builds the architecture's blocks, reading its own keys and weights.
 #define EVN_DECODER_ARCHS(X) \
-    X("llama", make_llama)
+    X("llama", make_llama)     \
+    X("gemma3", make_gemma3)
 
 // Reads the family's keys and weights; may set cfg's family fields (DecoderConfig).
 using DecoderFactory = std::unique_ptr<DecoderArch> (*)(DecoderConfig& cfg, const DecoderLoader& load);
