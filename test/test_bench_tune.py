@@ -221,28 +221,13 @@ def test_tune_default_path_is_the_tuned_table(tmp_path, monkeypatch, capsys, res
 
 # -- the operator-table loader, the robot profile, both bandwidth floors -------------------------
 
-# Run in this process and in a child: every choice the active table makes, as JSON.
-_CHOICES = """
-import json
-from edgevlm_ros import _engine
-from edgevlm_ros.engine import optable
-source = optable.ensure_active()
-shapes = [(96, 128), (576, 576), (49152, 576), (1536, 4096)]
-matmul = {f"{fmt} {phase} {r}x{k}": _engine.choose_matmul(fmt, phase, r, k)
-          for fmt in _engine.weight_formats() for phase in ("decode", "prefill") for r, k in shapes}
-ops = {op: _engine.choose(op) for op in _engine.operators()}
-print(json.dumps({"source": source, "matmul": matmul, "ops": ops}))
-"""
-
-
 def _choices_here() -> dict:
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(_CHOICES, {})  # noqa: S102 - the same code the child runs
-    return json.loads(out.getvalue())
+    sys.path.insert(0, str(ROOT / "test"))
+    try:
+        import optable_probe
+    finally:
+        sys.path.pop(0)
+    return optable_probe.choices()  # the same code the child runs
 
 
 def _choices_in_child(env_table: Path) -> dict:
@@ -250,8 +235,8 @@ def _choices_in_child(env_table: Path) -> dict:
     import subprocess
 
     env = dict(os.environ, EDGEVLM_OPTABLE=str(env_table), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", _CHOICES], capture_output=True, text=True, env=env, timeout=120,
-                          check=False)
+    proc = subprocess.run([sys.executable, str(ROOT / "test" / "optable_probe.py")], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
