@@ -71,6 +71,22 @@ void check_ids(const int32_t* ids, int64_t n, int64_t n_vocab) {
 
 }  // namespace
 
+GatedLayerWeights load_gated_layer(const DecoderLoader& load, const DecoderConfig& cfg, int64_t layer) {
+    const int64_t d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim(), ff = cfg.n_ff;
+    const std::string p = "blk." + std::to_string(layer) + ".";
+    GatedLayerWeights L;
+    L.attn_norm = load.vector(p + "attn_norm.weight", d);
+    L.ffn_norm = load.vector(p + "ffn_norm.weight", d);
+    L.wq = load.matrix(p + "attn_q.weight", d, qd);
+    L.wk = load.matrix(p + "attn_k.weight", d, kvd);
+    L.wv = load.matrix(p + "attn_v.weight", d, kvd);
+    L.wo = load.matrix(p + "attn_output.weight", qd, d);
+    L.w_gate = load.matrix(p + "ffn_gate.weight", d, ff);
+    L.w_up = load.matrix(p + "ffn_up.weight", d, ff);
+    L.w_down = load.matrix(p + "ffn_down.weight", ff, d);
+    return L;
+}
+
 Weight DecoderLoader::matrix(const std::string& name, int64_t cols, int64_t rows) const {
     Weight w = load_weight(f_, name, cols, rows, WeightUse::kBoth, &arena_);
     // A weight whose kernels both read a packed copy no longer needs its rows in memory (the token

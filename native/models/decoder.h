@@ -119,6 +119,15 @@ private:
     int64_t n_batch_;
 };
 
+// The weights every decoder block of the registry has, under llama.cpp's names (blk.N.attn_norm,
+// attn_q / attn_k / attn_v / attn_output, ffn_norm, ffn_gate / ffn_up / ffn_down): pre-norms,
+// attention projections and a gated feed-forward. A block with more tensors keeps them beside these.
+struct GatedLayerWeights {
+    std::vector<float> attn_norm, ffn_norm;
+    Weight wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+GatedLayerWeights load_gated_layer(const DecoderLoader& load, const DecoderConfig& cfg, int64_t layer);
+
 // A decoder architecture: its per-layer weights and what one layer does to the residual stream.
 class DecoderArch {
 public:

@@ -41,7 +41,7 @@ public:
     Gemma3(DecoderConfig& cfg, const DecoderLoader& load) {
         const GGUFFile& f = load.file();
         const std::string a = cfg.arch + ".";
-        const int64_t d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim(), ff = cfg.n_ff, hd = cfg.head_dim;
+        const int64_t d = cfg.n_embd, kvd = cfg.kv_dim(), hd = cfg.head_dim;
         if (f.get_float(a + "final_logit_softcapping", 0.0) != 0.0)
             throw UnsupportedModel("'" + f.path() + "': " + a + "final_logit_softcapping is not supported");
         cfg.embd_scale = std::sqrt(static_cast<float>(d));
@@ -62,19 +62,11 @@ public:
         for (int64_t l = 0; l < cfg.n_layer; ++l) {
             const std::string p = "blk." + std::to_string(l) + ".";
             Layer& L = layers_[static_cast<size_t>(l)];
-            L.attn_norm = load.vector(p + "attn_norm.weight", d);
+            static_cast<GatedLayerWeights&>(L) = load_gated_layer(load, cfg, l);
             L.q_norm = load.vector(p + "attn_q_norm.weight", hd);
             L.k_norm = load.vector(p + "attn_k_norm.weight", hd);
             L.post_attn_norm = load.vector(p + "post_attention_norm.weight", d);
-            L.ffn_norm = load.vector(p + "ffn_norm.weight", d);
             L.post_ffw_norm = load.vector(p + "post_ffw_norm.weight", d);
-            L.wq = load.matrix(p + "attn_q.weight", d, qd);
-            L.wk = load.matrix(p + "attn_k.weight", d, kvd);
-            L.wv = load.matrix(p + "attn_v.weight", d, kvd);
-            L.wo = load.matrix(p + "attn_output.weight", qd, d);
-            L.w_gate = load.matrix(p + "ffn_gate.weight", d, ff);
-            L.w_up = load.matrix(p + "ffn_up.weight", d, ff);
-            L.w_down = load.matrix(p + "ffn_down.weight", ff, d);
         }
         kv_dim_ = kvd;
         rope_local_.assign(static_cast<size_t>(load.n_batch() * cfg.rope_dims), 0.f);
@@ -137,9 +129,8 @@ public:
     }
 
 private:
-    struct Layer {
-        std::vector<float> attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffw_norm;
-        Weight wq, wk, wv, wo, w_gate, w_up, w_down;
+    struct Layer : GatedLayerWeights {
+        std::vector<float> q_norm, k_norm, post_attn_norm, post_ffw_norm;
     };
     std::vector<Layer> layers_;
     std::vector<bool> local_;  // per layer: sliding-window attention with the local rope base

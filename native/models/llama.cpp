@@ -15,22 +15,9 @@ namespace {
 class Llama final : public DecoderArch {
 public:
     Llama(const DecoderConfig& cfg, const DecoderLoader& load) {
-        const int64_t d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim(), ff = cfg.n_ff;
-        layers_.resize(static_cast<size_t>(cfg.n_layer));
-        for (int64_t l = 0; l < cfg.n_layer; ++l) {
-            const std::string p = "blk." + std::to_string(l) + ".";
-            Layer& L = layers_[static_cast<size_t>(l)];
-            L.attn_norm = load.vector(p + "attn_norm.weight", d);
-            L.ffn_norm = load.vector(p + "ffn_norm.weight", d);
-            L.wq = load.matrix(p + "attn_q.weight", d, qd);
-            L.wk = load.matrix(p + "attn_k.weight", d, kvd);
-            L.wv = load.matrix(p + "attn_v.weight", d, kvd);
-            L.wo = load.matrix(p + "attn_output.weight", qd, d);
-            L.w_gate = load.matrix(p + "ffn_gate.weight", d, ff);
-            L.w_up = load.matrix(p + "ffn_up.weight", d, ff);
-            L.w_down = load.matrix(p + "ffn_down.weight", ff, d);
-        }
-        kv_dim_ = kvd;
+        layers_.reserve(static_cast<size_t>(cfg.n_layer));
+        for (int64_t l = 0; l < cfg.n_layer; ++l) layers_.push_back(load_gated_layer(load, cfg, l));
+        kv_dim_ = cfg.kv_dim();
     }
 
     LayerShape layer_shape(int64_t) const override { return LayerShape{kv_dim_, 0}; }
@@ -39,7 +26,7 @@ public:
         const DecoderConfig& cfg = c.cfg;
         const evk::OpTable& op = c.compute.ops();
         RunState& s = c.s;
-        const Layer& L = layers_[static_cast<size_t>(l)];
+        const GatedLayerWeights& L = layers_[static_cast<size_t>(l)];
         const int64_t n = ch.n, d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim(), ff = cfg.n_ff;
         const int64_t hd = cfg.head_dim, rd = cfg.rope_dims;
         // attention block: x += Wo · attn(rope(Wq·norm(x)), rope(Wk·norm(x)), Wv·norm(x))
@@ -66,11 +53,7 @@ public:
     std::string variants() const override { return layer_variants(layers_[0].wq); }
 
 private:
-    struct Layer {
-        std::vector<float> attn_norm, ffn_norm;
-        Weight wq, wk, wv, wo, w_gate, w_up, w_down;
-    };
-    std::vector<Layer> layers_;
+    std::vector<GatedLayerWeights> layers_;
     int64_t kv_dim_ = 0;
 };
 
