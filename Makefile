@@ -13,7 +13,7 @@ build:
 
 test: setup
 	$(PY) -m ruff check .
-	PYTHONPATH=$(CURDIR) $(PY) -m pytest test -q -rs
+	PYTHONPATH=$(CURDIR) $(PY) -m pytest test -q -rs --durations=25
 
 # The main job on the embedded default: camera -> node -> live descriptions, until Ctrl-C.
 # make demo ARGS="--frames 30" stops after 30 described frames and prints a summary.
