@@ -302,7 +302,7 @@ def test_held_out_sample_against_committed_threshold(held_out_sample: list[tuple
 
 
 def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any, Any]], demo_text: Path,
-                                                text_model_path: Path) -> None:
+                                                text_model_path: Path, hf_model: Any) -> None:
     """The same frames through the torch model (transformers' Idefics3 vision classes with the weights
     read back from the committed mmproj, SmolLM2 dequantized to float32): the greedy texts must be
     equal, except where the torch model's top-2 logits are within TIE_MARGIN at the first differing
@@ -325,7 +325,7 @@ def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any,
     T.load_mmproj(vs, DEMO_MMPROJ_PATH)
     for m in vs.modules():
         m.eval()
-    dec = T.Decoder(text_model_path)
+    dec = T.Decoder(text_model_path, hf_model)  # the session's SmolLM2 (test_parity's too)
     meta = _engine.GGUFFile(str(demo_text)).metadata()
     tok = Tokenizer.from_gguf_metadata(meta)
     prompt = T.make_prompt(tok, meta["tokenizer.chat_template"], PROMPT)

@@ -417,12 +417,14 @@ class VisionSide:
 class Decoder:
     """The frozen SmolLM2 decoder in torch, with the demo file's 49280-row (zero-extended) embeddings."""
 
-    def __init__(self, gguf: Path) -> None:
+    def __init__(self, gguf: Path, model: Any = None) -> None:
+        """`model`: transformers' float32 model already loaded from `gguf` (the tests' session
+        fixture: loading dequantizes the whole file again, tens of seconds)."""
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                          dtype=torch.float32)
+        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         self.model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
