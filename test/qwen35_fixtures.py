@@ -471,6 +471,60 @@ def cached_qwen35_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = 
     return out / name
 
 
+# A few tensors of MiniCPM-V 4.6's other halves (vision tower, merger, multi-token prediction), which a
+# text conversion must leave out; small stand-ins of the real names.
+_MINICPM_OTHER_HALVES = {
+    "model.vision_tower.embeddings.patch_embedding.weight": (64, 3, 14, 14),
+    "model.vision_tower.encoder.layers.0.mlp.fc1.weight": (128, 64),
+    "model.merger.mlp.0.weight": (64, 256),
+    "mtp.fc.weight": (WIDTH, 2 * WIDTH),
+}
+
+
+def _write_minicpm_text(out: Path, hf: Path) -> None:
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in load_file(str(hf / "model.safetensors")).items()}
+    rng = np.random.default_rng(0)
+    tensors.update({k: rng.normal(0, STD, shape).astype(np.float32) for k, shape in _MINICPM_OTHER_HALVES.items()})
+    save_file(tensors, str(out / "model.safetensors"))
+    del tensors
+    text = {k: v for k, v in json.loads((hf / "config.json").read_text()).items() if k != "architectures"}
+    config = {"architectures": ["MiniCPMV4_6ForConditionalGeneration"], "model_type": "minicpmv4_6",
+              "text_config": text, "tie_word_embeddings": False, "image_size": 448, "patch_size": 14,
+              "insert_layer_id": 6, "downsample_mode": "16x",
+              "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64, "intermediate_size": 128,
+                                "num_hidden_layers": 1, "num_attention_heads": 4, "patch_size": 14,
+                                "image_size": 980}}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for f in hf.iterdir():
+        if f.is_file() and f.name not in ("config.json", "model.safetensors", "generation_config.json", _MARKER):
+            shutil.copy2(f, out / f.name)
+
+
+def cached_minicpmv46_text(layers: int = 4, seed: int = 0) -> Path:
+    """The Qwen3.5 checkpoint dressed as a MiniCPM-V 4.6 one: config `minicpmv4_6` with it as
+    `text_config` (top-level `tie_word_embeddings` false, as transformers' default, the text config's
+    true), text tensors under `model.language_model.`, plus stand-ins of the vision tower, merger and
+    MTP tensors (see _MINICPM_OTHER_HALVES). Built once."""
+    hf = cached_qwen35(layers, seed)
+    args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "version": 1}
+    out = cache_root() / f"minicpmv46-text-random-l{layers}-s{seed}"
+    return _build_once(out, args, lambda tmp: _write_minicpm_text(tmp, hf))
+
+
+def cached_minicpmv46_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:
+    """llama.cpp's converter on cached_minicpmv46_text (its text file, --no-mtp), built once."""
+    src = cached_minicpmv46_text(layers, seed)
+    args = {"checkpoint": json.loads((src / _MARKER).read_text()), "outtype": outtype, "llama_cpp": LLAMA_CPP_VERSION}
+    out = cache_root() / f"minicpmv46-text-random-l{layers}-s{seed}-llama-cpp-{outtype}"
+    name = f"minicpmv46-text-random-l{layers}-{outtype}.gguf"
+    _build_once(out, args, lambda tmp: run_llama_cpp_converter(src, tmp / name, outtype))
+    return out / name
+
+
 def load_hf_model(directory: str | Path) -> Any:
     """The checkpoint as transformers' Qwen3_5ForCausalLM, F32, eval mode."""
     import torch

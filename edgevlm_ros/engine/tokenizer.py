@@ -31,7 +31,7 @@ from tokenizers import AddedToken, Regex, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
-__all__ = ["StreamDecoder", "TokenType", "Tokenizer"]
+__all__ = ["PRE_TOKENIZER_REGEXES", "StreamDecoder", "TokenType", "Tokenizer"]
 
 
 class TokenType:
@@ -102,6 +102,10 @@ _QWEN35_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+
+# The split regex of each pre type that has one of its own (the converter recognises tokenizer.json's).
+PRE_TOKENIZER_REGEXES = {"qwen35": _QWEN35_SPLIT}
 
 
 def _split_then_bytelevel(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
