@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hf_fixtures import FIXTURE_CACHE
+from hf_fixtures import _MARKER, FIXTURE_CACHE, _is_complete
 
 LLAMA_CPP_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_VERSION}"
@@ -92,7 +92,6 @@ CONV_STD = 0.25
 ALPHA_STD = 0.02
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
-_MARKER = ".fixture.json"
 _TOKENIZER_VERSION = 1
 _CHECKPOINT_VERSION = 1
 
@@ -103,13 +102,6 @@ def cache_root() -> Path:
 
 # ---------------------------------------------------------------------------------------------
 # Building into a folder once
-
-
-def _is_complete(out: Path, args: dict[str, Any]) -> bool:
-    try:
-        return json.loads((out / _MARKER).read_text()) == args
-    except (OSError, json.JSONDecodeError):
-        return False
 
 
 def _build_once(out: Path, args: dict[str, Any], build: Callable[[Path], None]) -> Path:
@@ -459,16 +451,21 @@ def cached_qwen35(layers: int = 4, seed: int = 0) -> Path:
     return _build_once(out, args, lambda tmp: _write_checkpoint(tmp, layers, seed))
 
 
-def cached_qwen35_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:
-    """That checkpoint converted by llama.cpp's convert_hf_to_gguf.py (arch qwen35), built once."""
+def _llama_cpp_gguf(src: Path, stem: str, seed: int, outtype: str) -> Path:
+    """llama.cpp's converter on the checkpoint folder src, built once: `<stem>-s<seed>-llama-cpp-<outtype>/
+    <stem>-<outtype>.gguf`."""
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {OUTTYPES}")
-    hf = cached_qwen35(layers, seed)
-    args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "outtype": outtype, "llama_cpp": LLAMA_CPP_VERSION}
-    out = cache_root() / f"qwen35-random-l{layers}-s{seed}-llama-cpp-{outtype}"
-    name = f"qwen35-random-l{layers}-{outtype}.gguf"
-    _build_once(out, args, lambda tmp: run_llama_cpp_converter(hf, tmp / name, outtype))
+    args = {"checkpoint": json.loads((src / _MARKER).read_text()), "outtype": outtype, "llama_cpp": LLAMA_CPP_VERSION}
+    out = cache_root() / f"{stem}-s{seed}-llama-cpp-{outtype}"
+    name = f"{stem}-{outtype}.gguf"
+    _build_once(out, args, lambda tmp: run_llama_cpp_converter(src, tmp / name, outtype))
     return out / name
+
+
+def cached_qwen35_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:
+    """That checkpoint converted by llama.cpp's convert_hf_to_gguf.py (arch qwen35), built once."""
+    return _llama_cpp_gguf(cached_qwen35(layers, seed), f"qwen35-random-l{layers}", seed, outtype)
 
 
 # A few tensors of MiniCPM-V 4.6's other halves (vision tower, merger, multi-token prediction), which a
@@ -517,12 +514,7 @@ def cached_minicpmv46_text(layers: int = 4, seed: int = 0) -> Path:
 
 def cached_minicpmv46_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:
     """llama.cpp's converter on cached_minicpmv46_text (its text file, --no-mtp), built once."""
-    src = cached_minicpmv46_text(layers, seed)
-    args = {"checkpoint": json.loads((src / _MARKER).read_text()), "outtype": outtype, "llama_cpp": LLAMA_CPP_VERSION}
-    out = cache_root() / f"minicpmv46-text-random-l{layers}-s{seed}-llama-cpp-{outtype}"
-    name = f"minicpmv46-text-random-l{layers}-{outtype}.gguf"
-    _build_once(out, args, lambda tmp: run_llama_cpp_converter(src, tmp / name, outtype))
-    return out / name
+    return _llama_cpp_gguf(cached_minicpmv46_text(layers, seed), f"minicpmv46-text-random-l{layers}", seed, outtype)
 
 
 def load_hf_model(directory: str | Path) -> Any:

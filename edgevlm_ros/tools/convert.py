@@ -664,6 +664,17 @@ def _add_tensors(writer: GGUFWriter, st: _SafeTensors, plan: list[_Planned]) -> 
         writer.add_tensor(p.gguf_name, st.loader(p.hf_name, p.transform), p.wtype, shape=p.shape)
 
 
+def add_bpe_vocab(w: GGUFWriter, vocab: _Vocab) -> None:
+    """The byte-level BPE vocabulary's keys: model, pre type, tokens, types, merges, special ids."""
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", vocab.pre)
+    w.add_array("tokenizer.ggml.tokens", vocab.tokens, GGUFValueType.STRING)
+    w.add_array("tokenizer.ggml.token_type", vocab.types, GGUFValueType.INT32)
+    w.add_array("tokenizer.ggml.merges", vocab.merges, GGUFValueType.STRING)
+    for role, i in vocab.special_ids.items():
+        w.add_uint32(f"tokenizer.ggml.{role}_token_id", i)
+
+
 def _text_writer(name: str, file_type: int, quantized: bool, tp: _TextParams, vocab: _Vocab) -> GGUFWriter:
     w = GGUFWriter()
     w.add_string("general.architecture", "llama")
@@ -685,13 +696,7 @@ def _text_writer(name: str, file_type: int, quantized: bool, tp: _TextParams, vo
     if tp.head_dim * tp.n_head != tp.n_embd:
         w.add_uint32("llama.attention.key_length", tp.head_dim)
         w.add_uint32("llama.attention.value_length", tp.head_dim)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", vocab.pre)
-    w.add_array("tokenizer.ggml.tokens", vocab.tokens, GGUFValueType.STRING)
-    w.add_array("tokenizer.ggml.token_type", vocab.types, GGUFValueType.INT32)
-    w.add_array("tokenizer.ggml.merges", vocab.merges, GGUFValueType.STRING)
-    for role, i in vocab.special_ids.items():
-        w.add_uint32(f"tokenizer.ggml.{role}_token_id", i)
+    add_bpe_vocab(w, vocab)
     w.add_bool("tokenizer.ggml.add_bos_token", vocab.add_bos)
     w.add_bool("tokenizer.ggml.add_eos_token", vocab.add_eos)
     w.add_bool("tokenizer.ggml.add_space_prefix", False)

@@ -46,7 +46,10 @@ from .convert import (
     _require,
     _safe_name,
     _SafeTensors,
+    _TextParams,
+    _tied_head,
     _Vocab,
+    add_bpe_vocab,
 )
 from .gguf_writer import GGMLType, GGUFValueType, GGUFWriter, resolve_tensor_type
 
@@ -67,19 +70,11 @@ _MROPE_DEFAULT = [11, 11, 10]  # transformers' default sections (Qwen3_5TextRota
 
 
 @dataclass(frozen=True)
-class _Params:
-    n_vocab: int
-    n_embd: int
-    n_ff: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ctx: int
-    rope_theta: float
+class _Params(_TextParams):
+    """The llama-family shapes plus Qwen3.5's rotary, linear-attention and layer-pattern ones."""
+
     rope_dim: int
     rope_sections: list[int]
-    rms_eps: float
     conv_kernel: int
     k_heads: int
     v_heads: int
@@ -87,7 +82,6 @@ class _Params:
     v_dim: int
     recurrent: list[bool]
     interval: int
-    tied: bool
 
     @property
     def qk_channels(self) -> int:
@@ -185,17 +179,6 @@ def _params(config: Mapping[str, Any]) -> _Params:
         k_dim=_require(tc, "linear_key_head_dim", w), v_dim=_require(tc, "linear_value_head_dim", w),
         recurrent=recurrent, interval=interval, tied=False,  # decided with the tensors at hand
     )
-
-
-def _tied(config: Mapping[str, Any], st: _SafeTensors) -> bool:
-    tc = _text_config(config)
-    flag = config.get("tie_word_embeddings", tc.get("tie_word_embeddings"))
-    if _LM_HEAD not in st:
-        if flag is False and not tc.get("tie_word_embeddings"):
-            raise ValueError(f"checkpoint is missing tensor {_LM_HEAD!r} and config.json says the output head "
-                             "is not tied to the embeddings")
-        return True
-    return bool(flag)
 
 
 # -- value transforms -------------------------------------------------------------------------------
@@ -320,32 +303,21 @@ def _writer(name: str, file_type: int, p: _Params, vocab: _Vocab, tok_cfg: Mappi
     w.add_string("general.name", name)
     w.add_uint32("general.file_type", file_type)
     w.add_uint32("general.quantization_version", 2)  # llama.cpp's converter writes it for every type
-    w.add_uint32(f"{a}.block_count", p.n_layer)
-    w.add_uint32(f"{a}.context_length", p.n_ctx)
-    w.add_uint32(f"{a}.embedding_length", p.n_embd)
-    w.add_uint32(f"{a}.feed_forward_length", p.n_ff)
-    w.add_uint32(f"{a}.attention.head_count", p.n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", p.n_head_kv)
+    counts = {
+        "block_count": p.n_layer, "context_length": p.n_ctx, "embedding_length": p.n_embd,
+        "feed_forward_length": p.n_ff, "attention.head_count": p.n_head, "attention.head_count_kv": p.n_head_kv,
+        "attention.key_length": p.head_dim, "attention.value_length": p.head_dim,
+        "ssm.conv_kernel": p.conv_kernel, "ssm.state_size": p.k_dim, "ssm.group_count": p.k_heads,
+        "ssm.time_step_rank": p.v_heads, "ssm.inner_size": p.v_channels,
+        "full_attention_interval": p.interval, "rope.dimension_count": p.rope_dim,
+    }
+    for key, value in counts.items():
+        w.add_uint32(f"{a}.{key}", value)
     w.add_array(f"{a}.rope.dimension_sections", p.rope_sections, GGUFValueType.INT32)
     w.add_float32(f"{a}.rope.freq_base", p.rope_theta)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", p.rms_eps)
-    w.add_uint32(f"{a}.attention.key_length", p.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", p.head_dim)
-    w.add_uint32(f"{a}.ssm.conv_kernel", p.conv_kernel)
-    w.add_uint32(f"{a}.ssm.state_size", p.k_dim)
-    w.add_uint32(f"{a}.ssm.group_count", p.k_heads)
-    w.add_uint32(f"{a}.ssm.time_step_rank", p.v_heads)
-    w.add_uint32(f"{a}.ssm.inner_size", p.v_channels)
     w.add_array(f"{a}.attention.recurrent_layers", p.recurrent, GGUFValueType.BOOL)
-    w.add_uint32(f"{a}.full_attention_interval", p.interval)
-    w.add_uint32(f"{a}.rope.dimension_count", p.rope_dim)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", vocab.pre)
-    w.add_array("tokenizer.ggml.tokens", vocab.tokens, GGUFValueType.STRING)
-    w.add_array("tokenizer.ggml.token_type", vocab.types, GGUFValueType.INT32)
-    w.add_array("tokenizer.ggml.merges", vocab.merges, GGUFValueType.STRING)
-    for role, i in vocab.special_ids.items():
-        w.add_uint32(f"tokenizer.ggml.{role}_token_id", i)
+    add_bpe_vocab(w, vocab)
     # Only what the tokenizer config states, as llama.cpp's converter does (the engine's default
     # for a byte-level vocabulary is no BOS / EOS).
     if "add_bos_token" in tok_cfg:
@@ -378,7 +350,8 @@ def convert_qwen35(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", 
     _, prefix, others = QWEN35_MODEL_TYPES[model_type]
     params = _params(config)
     st = _SafeTensors(hf)
-    params = dataclasses.replace(params, tied=_tied(config, st))
+    # The top-level flag decides, else the text config's (a qwen3_5_text config is both).
+    params = dataclasses.replace(params, tied=_tied_head({**config, "text_config": _text_config(config)}, st))
     plan = _plan(st, prefix, params, matrix_type)
     known = {p.hf_name for p in plan} | ({_LM_HEAD} if params.tied else set())
     unknown = sorted(n for n in st.infos if n not in known and not n.startswith(others))
