@@ -358,8 +358,9 @@ def layer_types(layers: int) -> list[str]:
             for i in range(layers)]
 
 
-def qwen35_config_dict(layers: int) -> dict[str, Any]:
-    """config.json of a Qwen3_5ForCausalLM at Qwen3.5-0.8B's widths with `layers` layers."""
+def qwen35_config_dict(layers: int, value_heads: int = LINEAR_V_HEADS) -> dict[str, Any]:
+    """config.json of a Qwen3_5ForCausalLM at Qwen3.5-0.8B's widths with `layers` layers (and
+    `value_heads` linear value heads: the larger Qwen3.5s have twice the key heads' 16)."""
     return {
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
@@ -371,7 +372,7 @@ def qwen35_config_dict(layers: int) -> dict[str, Any]:
         "num_key_value_heads": KV_HEADS,
         "head_dim": HEAD_DIM,
         "linear_num_key_heads": LINEAR_K_HEADS,
-        "linear_num_value_heads": LINEAR_V_HEADS,
+        "linear_num_value_heads": value_heads,
         "linear_key_head_dim": LINEAR_HEAD_DIM,
         "linear_value_head_dim": LINEAR_HEAD_DIM,
         "linear_conv_kernel_dim": CONV_KERNEL,
@@ -418,11 +419,11 @@ def _init_weights(model: Any) -> None:
                 raise RuntimeError(f"{name} is not finite")
 
 
-def _write_checkpoint(out: Path, layers: int, seed: int) -> None:
+def _write_checkpoint(out: Path, layers: int, seed: int, value_heads: int) -> None:
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    config = Qwen3_5TextConfig(**{k: v for k, v in qwen35_config_dict(layers).items()
+    config = Qwen3_5TextConfig(**{k: v for k, v in qwen35_config_dict(layers, value_heads).items()
                                   if k not in ("architectures", "model_type", "dtype")})
     torch.manual_seed(seed)
     model = Qwen3_5ForCausalLM(config)
@@ -433,22 +434,26 @@ def _write_checkpoint(out: Path, layers: int, seed: int) -> None:
     del model
     # The saved config says what the published one says (transformers drops keys it derives).
     saved = json.loads((out / "config.json").read_text())
-    saved.update({k: v for k, v in qwen35_config_dict(layers).items() if k != "dtype"})
+    saved.update({k: v for k, v in qwen35_config_dict(layers, value_heads).items() if k != "dtype"})
     (out / "config.json").write_text(json.dumps(saved, indent=2))
     for f in tokenizer_dir().iterdir():
         if f.is_file() and f.name != _MARKER:
             shutil.copy2(f, out / f.name)
 
 
-def cached_qwen35(layers: int = 4, seed: int = 0) -> Path:
+def cached_qwen35(layers: int = 4, seed: int = 0, value_heads: int = LINEAR_V_HEADS) -> Path:
     """The random Qwen3_5ForCausalLM checkpoint folder (config.json, model.safetensors in F32, the
     tokenizer files), built once per parameters."""
     if layers < 1:
         raise ValueError("layers must be >= 1")
     args = {"version": _CHECKPOINT_VERSION, "tokenizer": _TOKENIZER_VERSION, "layers": layers, "seed": seed,
             "std": STD, "norm_std": NORM_STD, "conv_std": CONV_STD, "alpha_std": ALPHA_STD}
-    out = cache_root() / f"qwen35-random-l{layers}-s{seed}"
-    return _build_once(out, args, lambda tmp: _write_checkpoint(tmp, layers, seed))
+    name = f"qwen35-random-l{layers}-s{seed}"
+    if value_heads != LINEAR_V_HEADS:
+        args["value_heads"] = value_heads
+        name += f"-v{value_heads}"
+    out = cache_root() / name
+    return _build_once(out, args, lambda tmp: _write_checkpoint(tmp, layers, seed, value_heads))
 
 
 def _llama_cpp_gguf(src: Path, stem: str, seed: int, outtype: str) -> Path:
@@ -463,9 +468,11 @@ def _llama_cpp_gguf(src: Path, stem: str, seed: int, outtype: str) -> Path:
     return out / name
 
 
-def cached_qwen35_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:
+def cached_qwen35_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32",
+                                 value_heads: int = LINEAR_V_HEADS) -> Path:
     """That checkpoint converted by llama.cpp's convert_hf_to_gguf.py (arch qwen35), built once."""
-    return _llama_cpp_gguf(cached_qwen35(layers, seed), f"qwen35-random-l{layers}", seed, outtype)
+    stem = f"qwen35-random-l{layers}" + ("" if value_heads == LINEAR_V_HEADS else f"-v{value_heads}")
+    return _llama_cpp_gguf(cached_qwen35(layers, seed, value_heads), stem, seed, outtype)
 
 
 # A few tensors of MiniCPM-V 4.6's other halves (vision tower, merger, multi-token prediction), which a
