@@ -279,6 +279,15 @@ def qwen35_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab_and_merges(load_ranks())
 
 
+@functools.cache
+def saved_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The vocabulary and merges as the fixture's tokenizer.json holds them (what the build derived
+    from the ranks; ~1 s to read, where deriving takes ~15 s)."""
+    model = json.loads((tokenizer_dir() / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return dict(model["vocab"]), merges  # type: ignore[return-value]
+
+
 def chat_template() -> str:
     """Qwen3.5's chat template (as published with Qwen3.5-4B), from llama.cpp's sdist."""
     return (llama_cpp_files() / "models/templates/Qwen3.5-4B.jinja").read_text()
@@ -522,6 +531,19 @@ def cached_minicpmv46_text(layers: int = 4, seed: int = 0) -> Path:
 def cached_minicpmv46_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:
     """llama.cpp's converter on cached_minicpmv46_text (its text file, --no-mtp), built once."""
     return _llama_cpp_gguf(cached_minicpmv46_text(layers, seed), f"minicpmv46-text-random-l{layers}", seed, outtype)
+
+
+@functools.cache
+def shared_hf_model(layers: int = 4, seed: int = 0) -> Any:
+    """load_hf_model(cached_qwen35(layers, seed)), loaded once per process and shared by the tests
+    that only read it (~10 s and 1.4 GB each time otherwise)."""
+    return load_hf_model(cached_qwen35(layers, seed))
+
+
+@functools.cache
+def shared_hf_tokenizer() -> Any:
+    """load_hf_tokenizer(), once per process (~5 s otherwise)."""
+    return load_hf_tokenizer()
 
 
 def load_hf_model(directory: str | Path) -> Any:

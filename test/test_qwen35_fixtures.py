@@ -38,7 +38,8 @@ def lcpp_fields(lcpp_gguf: Path) -> dict[str, Any]:
 
 
 def test_tokenizer_equals_tiktoken(hf_dir: Path) -> None:
-    tok = qf.load_hf_tokenizer(hf_dir)
+    tok = qf.shared_hf_tokenizer()
+    assert (hf_dir / "tokenizer.json").read_bytes() == (qf.tokenizer_dir() / "tokenizer.json").read_bytes()
     enc = qf.tiktoken_encoding()
     texts = ["Describe the scene: a robot arm, two cubes (red & blue) and 3 people.",
              "  leading spaces\tand\ttabs\n\n\nnewlines  ", "Ünïcödé ñ ß ǅ ﬁ", "数字１２３ 和 ４５６",
@@ -53,7 +54,7 @@ def test_tokenizer_equals_tiktoken(hf_dir: Path) -> None:
 
 
 def test_merges_are_one_per_buildable_token() -> None:
-    vocab, merges = qf.qwen35_vocab_and_merges()
+    vocab, merges = qf.saved_vocab_and_merges()
     assert len(vocab) == qf.N_RANKS
     assert len(merges) == qf.N_RANKS - 256 - qf.UNREACHABLE
     assert merges[0] == ("Ġ", "Ġ")
@@ -75,12 +76,12 @@ def test_a_broken_rank_table_is_caught() -> None:
 def test_checkpoint_runs_in_transformers(hf_dir: Path) -> None:
     import torch
 
-    model = qf.load_hf_model(hf_dir)
+    model = qf.shared_hf_model(LAYERS)
     cfg = model.config
     assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     assert (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim) == (qf.WIDTH, qf.FFN, qf.HEAD_DIM)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
-    ids = qf.load_hf_tokenizer(hf_dir).encode("The robot picked up the red cube and", add_special_tokens=False)
+    ids = qf.shared_hf_tokenizer().encode("The robot picked up the red cube and", add_special_tokens=False)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].numpy()
     assert logits.shape == (len(ids), qf.VOCAB_ROWS)
@@ -105,7 +106,7 @@ def test_llama_cpp_converted_it_as_qwen35(lcpp_fields: dict[str, Any], hf_dir: P
     assert f["tokenizer.ggml.eos_token_id"] == qf.IM_END_ID
     tokens = f["tokenizer.ggml.tokens"]
     assert len(tokens) == qf.VOCAB_ROWS
-    vocab, merges = qf.qwen35_vocab_and_merges()
+    vocab, merges = qf.saved_vocab_and_merges()
     assert tokens[: qf.N_RANKS] == sorted(vocab, key=vocab.__getitem__)
     assert f["tokenizer.ggml.merges"] == [f"{a} {b}" for a, b in merges]
     assert [tokens[i] for i, _ in qf.special_tokens()] == [t for _, t in qf.special_tokens()]

@@ -923,7 +923,7 @@ def qwen(qwen_meta: Meta) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def qwen_hf() -> Any:
-    return qf.load_hf_tokenizer(qf.cached_qwen35(layers=4))
+    return qf.shared_hf_tokenizer()  # the tokenizer files every fixture checkpoint carries
 
 
 @pytest.fixture(scope="module")
