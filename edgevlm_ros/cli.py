@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--prefix-cache-dir", default=None, help="directory for the system prompt's KV cache file")
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
-    conv = sub.add_parser("convert", help="convert a Hugging Face SmolVLM / Idefics3 checkpoint to GGUF")
+    conv = sub.add_parser("convert", help="convert a Hugging Face SmolVLM / Idefics3 or Qwen3.5 checkpoint to GGUF")
     from .tools.convert import add_convert_arguments
 
     add_convert_arguments(conv)

@@ -1,4 +1,5 @@
 """Hugging Face SmolVLM / Idefics3 checkpoint -> two GGUF files in llama.cpp's layouts.
+(Qwen3.5 text decoders, MiniCPM-V 4.6's included, take the same command: tools/convert_qwen35.py.)
 
     edgevlm convert HF_DIR OUT_DIR [--type f32|f16|q8_0|q4_0|q4_1|q4_k_m|q5_k_m] [--name NAME]
 
@@ -43,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.tokenizer import PRE_TOKENIZER_REGEXES
 from .gguf_writer import GGMLType, GGUFValueType, GGUFWriter
 from .quant_mix import MIXES, TensorSpec, plan_types
 
@@ -333,6 +335,10 @@ def _classify_pre_tokenizer(pre: Any) -> str:
         return (isinstance(p, dict) and p.get("type") == "ByteLevel" and not p.get("add_prefix_space", False)
                 and p.get("use_regex", True))
 
+    def is_split(p: Any, pattern: str) -> bool:
+        return (isinstance(p, dict) and p.get("type") == "Split" and p.get("pattern") == {"Regex": pattern}
+                and p.get("behavior") == "Isolated" and not p.get("invert", False))
+
     if is_bytelevel(pre):
         return "gpt2"
     if isinstance(pre, dict) and pre.get("type") == "Sequence":
@@ -340,11 +346,26 @@ def _classify_pre_tokenizer(pre: Any) -> str:
         if (len(seq) == 2 and isinstance(seq[0], dict) and seq[0].get("type") == "Digits"
                 and seq[0].get("individual_digits") is True and is_bytelevel(seq[1])):
             return "smollm"
+        if (len(seq) == 2 and is_split(seq[0], PRE_TOKENIZER_REGEXES["qwen35"]) and isinstance(seq[1], dict)
+                and seq[1].get("type") == "ByteLevel" and not seq[1].get("add_prefix_space", False)
+                and seq[1].get("use_regex") is False):
+            return "qwen35"
     raise ValueError(
         "tokenizer.json: unsupported pre-tokenizer "
-        f"{json.dumps(pre)[:200]}; supported: ByteLevel(add_prefix_space=false) ('gpt2') or "
-        "Sequence[Digits(individual_digits=true), ByteLevel(add_prefix_space=false)] ('smollm')"
+        f"{json.dumps(pre)[:200]}; supported: ByteLevel(add_prefix_space=false) ('gpt2'), "
+        "Sequence[Digits(individual_digits=true), ByteLevel(add_prefix_space=false)] ('smollm') or "
+        "Sequence[Split(Qwen3.5's regex, isolated), ByteLevel(use_regex=false)] ('qwen35')"
     )
+
+
+# The normalizer each pre type's tokenizer.json carries (none elsewhere).
+_NORMALIZERS = {"qwen35": {"type": "NFC"}}
+
+
+def _looks_special(text: str) -> bool:
+    """llama.cpp's converter stores an added token that reads like a control token ("<|...|>") as
+    one, whatever tokenizer.json's `special` says (e.g. Qwen's <|fim_prefix|>)."""
+    return text.startswith("<|") and text.endswith("|>")
 
 
 def _token_text(value: Any) -> str | None:
@@ -408,9 +429,11 @@ def _read_vocab(hf_dir: Path, config: Mapping[str, Any], n_vocab: int) -> _Vocab
                          f"(model type {model.get('type') if isinstance(model, dict) else None!r})")
     if model.get("byte_fallback"):
         raise ValueError("tokenizer.json: BPE with byte_fallback is not byte-level BPE; not supported")
-    if tj.get("normalizer") is not None:
-        raise ValueError(f"tokenizer.json: a normalizer ({tj['normalizer'].get('type')}) is not supported")
     pre = _classify_pre_tokenizer(tj.get("pre_tokenizer"))
+    if tj.get("normalizer") != _NORMALIZERS.get(pre):
+        normalizer = tj.get("normalizer")
+        kind = normalizer.get("type") if isinstance(normalizer, dict) else normalizer
+        raise ValueError(f"tokenizer.json: a normalizer ({kind}) is not supported with pre-tokenizer {pre!r}")
 
     by_id: dict[int, str] = {}
     vocab = model.get("vocab")
@@ -429,7 +452,7 @@ def _read_vocab(hf_dir: Path, config: Mapping[str, Any], n_vocab: int) -> _Vocab
         if by_id.get(i, text) != text:
             raise ValueError(f"tokenizer.json: id {i} is both {by_id[i]!r} and added token {text!r}")
         by_id[i] = text
-        added_special[i] = bool(entry.get("special", False))
+        added_special[i] = bool(entry.get("special", False)) or _looks_special(text)
         if entry.get("lstrip") or entry.get("rstrip") or entry.get("single_word"):
             stripping.append(text)
     if stripping:
@@ -641,6 +664,17 @@ def _add_tensors(writer: GGUFWriter, st: _SafeTensors, plan: list[_Planned]) -> 
         writer.add_tensor(p.gguf_name, st.loader(p.hf_name, p.transform), p.wtype, shape=p.shape)
 
 
+def add_bpe_vocab(w: GGUFWriter, vocab: _Vocab) -> None:
+    """The byte-level BPE vocabulary's keys: model, pre type, tokens, types, merges, special ids."""
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", vocab.pre)
+    w.add_array("tokenizer.ggml.tokens", vocab.tokens, GGUFValueType.STRING)
+    w.add_array("tokenizer.ggml.token_type", vocab.types, GGUFValueType.INT32)
+    w.add_array("tokenizer.ggml.merges", vocab.merges, GGUFValueType.STRING)
+    for role, i in vocab.special_ids.items():
+        w.add_uint32(f"tokenizer.ggml.{role}_token_id", i)
+
+
 def _text_writer(name: str, file_type: int, quantized: bool, tp: _TextParams, vocab: _Vocab) -> GGUFWriter:
     w = GGUFWriter()
     w.add_string("general.architecture", "llama")
@@ -662,13 +696,7 @@ def _text_writer(name: str, file_type: int, quantized: bool, tp: _TextParams, vo
     if tp.head_dim * tp.n_head != tp.n_embd:
         w.add_uint32("llama.attention.key_length", tp.head_dim)
         w.add_uint32("llama.attention.value_length", tp.head_dim)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", vocab.pre)
-    w.add_array("tokenizer.ggml.tokens", vocab.tokens, GGUFValueType.STRING)
-    w.add_array("tokenizer.ggml.token_type", vocab.types, GGUFValueType.INT32)
-    w.add_array("tokenizer.ggml.merges", vocab.merges, GGUFValueType.STRING)
-    for role, i in vocab.special_ids.items():
-        w.add_uint32(f"tokenizer.ggml.{role}_token_id", i)
+    add_bpe_vocab(w, vocab)
     w.add_bool("tokenizer.ggml.add_bos_token", vocab.add_bos)
     w.add_bool("tokenizer.ggml.add_eos_token", vocab.add_eos)
     w.add_bool("tokenizer.ggml.add_space_prefix", False)
@@ -819,9 +847,10 @@ def convert_mmproj(hf_dir: str | Path, out_path: str | Path, wtype: str = "f16",
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the `convert` arguments (HF_DIR OUT_DIR --type --name) to a (sub)parser."""
-    parser.add_argument("hf_dir", metavar="HF_DIR", help="Hugging Face SmolVLM / Idefics3 checkpoint folder")
+    parser.add_argument("hf_dir", metavar="HF_DIR",
+                        help="Hugging Face SmolVLM / Idefics3 or Qwen3.5 / MiniCPM-V 4.6 checkpoint folder")
     parser.add_argument("out_dir", metavar="OUT_DIR",
-                        help="folder for <name>-<type>.gguf and mmproj-<name>-<type>.gguf")
+                        help="folder for <name>-<type>.gguf (and mmproj-<name>-<type>.gguf for SmolVLM)")
     parser.add_argument("--type", dest="wtype", choices=list(WEIGHT_TYPES), default="f16",
                         help="weight format of the matrices (default f16; norms and biases stay f32)")
     parser.add_argument("--name", default=None, help="model name (general.name and file stem; default: HF_DIR's name)")
@@ -829,14 +858,21 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    """Runs a parsed `convert` command; prints the two paths. Returns 0, or 2 for a refused input."""
+    """Runs a parsed `convert` command; prints the paths written (text GGUF, then the mmproj for a
+    SmolVLM checkpoint; a Qwen3.5 one gives its text GGUF only: tools/convert_qwen35.py).
+    Returns 0, or 2 for a refused input."""
+    from .convert_qwen35 import convert_qwen35, is_qwen35_checkpoint
+
     try:
-        text_path, mmproj_path = convert(args.hf_dir, args.out_dir, args.wtype, name=args.name)
+        if is_qwen35_checkpoint(args.hf_dir):
+            paths: tuple[Path, ...] = (convert_qwen35(args.hf_dir, args.out_dir, args.wtype, name=args.name),)
+        else:
+            paths = convert(args.hf_dir, args.out_dir, args.wtype, name=args.name)
     except ValueError as exc:
         print(f"edgevlm convert: error: {exc}", file=sys.stderr)
         return 2
-    print(text_path)
-    print(mmproj_path)
+    for path in paths:
+        print(path)
     return 0
 
 
