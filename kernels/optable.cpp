@@ -60,7 +60,16 @@ void rmsnorm_avx2(const float*, const float*, float*, int64_t, float);
 void layernorm_avx2(const float*, const float*, const float*, float*, int64_t, float);
 void rope_avx2(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_avx2(float*, const float*, int64_t);
+void causal_conv1d_avx2(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, float*, int64_t);
+void delta_rule_avx2(float*, const float*, const float*, int64_t, const float*, int64_t, const float*, const float*,
+                     int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+void l2norm_avx2(const float*, float*, int64_t, float);
+void rmsnorm_gated_avx2(const float*, const float*, const float*, float*, int64_t, float);
+void sigmoid_mul_avx2(float*, const float*, int64_t);
 #endif
+
+void delta_rule_ref_chunk64(float*, const float*, const float*, int64_t, const float*, int64_t, const float*,
+                            const float*, int64_t, int64_t, int64_t, int64_t, float*, int64_t);
 
 namespace {
 
@@ -211,6 +220,7 @@ const std::vector<Variant>& registry() {
 #define EVK_REFERENCE_ENTRY(name, Fn) {EVK_V(name, ref), {}, "-"},
         EVK_OPS(EVK_REFERENCE_ENTRY)
 #undef EVK_REFERENCE_ENTRY
+        {EVK_V(delta_rule, ref_chunk64), {}, "-"},
 #if defined(__aarch64__)
         {EVK_V(rmsnorm, neon), {}, "neon"},
         {EVK_V(layernorm, neon), {}, "neon"},
@@ -248,6 +258,11 @@ const std::vector<Variant>& registry() {
         {EVK_V(layernorm, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(rope, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(add, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(causal_conv1d, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(delta_rule, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(l2norm, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(rmsnorm_gated, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(sigmoid_mul, avx2), {}, "avx2,fma,f16c"},
 #endif
     };
     return v;
