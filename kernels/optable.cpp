@@ -33,6 +33,12 @@ void layernorm_neon(const float*, const float*, const float*, float*, int64_t, f
 void rope_neon(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_neon(float*, const float*, int64_t);
 void gelu_mul_neon(float*, const float*, int64_t);
+void causal_conv1d_neon(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, float*, int64_t);
+void delta_rule_neon(float*, const float*, const float*, int64_t, const float*, int64_t, const float*, const float*,
+                     int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+void l2norm_neon(const float*, float*, int64_t, float);
+void rmsnorm_gated_neon(const float*, const float*, const float*, float*, int64_t, float);
+void sigmoid_mul_neon(float*, const float*, int64_t);
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
 void matmul_neon_q8act_dot_x8(const MatmulArgs&);
@@ -227,6 +233,11 @@ const std::vector<Variant>& registry() {
         {EVK_V(rope, neon), {}, "neon"},
         {EVK_V(add, neon), {}, "neon"},
         {EVK_V(gelu_mul, neon), {}, "neon"},
+        {EVK_V(causal_conv1d, neon), {}, "neon"},
+        {EVK_V(delta_rule, neon), {}, "neon"},
+        {EVK_V(l2norm, neon), {}, "neon"},
+        {EVK_V(rmsnorm_gated, neon), {}, "neon"},
+        {EVK_V(sigmoid_mul, neon), {}, "neon"},
         {EVK_V(matmul, neon_f32act), dequantized_formats(), "neon"},
         {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K,
                                          DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "neon,dotprod"},
