@@ -1176,3 +1176,11 @@ def test_deltanet_argument_checks() -> None:
         _engine.kernel_rmsnorm_gated("ref", q, g, q)
     with pytest.raises(ValueError):
         _engine.kernel_rmsnorm_gated("ref", q, np.zeros(8, np.float32), q[:2])
+
+
+def test_tune_writes_chunked_delta_rules_after_the_recurrent_ones() -> None:
+    """A chunked variant faster than the recurrent one still comes after it in a tuned table (it
+    would give other bits for a split prompt); the reference closes the block."""
+    text = tune.build_table([], {"delta_rule": {"ref": 3e-3, "ref_chunk64": 1e-6, "avx2": 2e-3}}, "", [])
+    block = [ln.split()[5] for ln in text.splitlines() if ln.startswith("delta_rule")]
+    assert block == ["avx2", "ref_chunk64", "ref"]

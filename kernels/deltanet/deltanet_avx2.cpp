@@ -134,22 +134,19 @@ EV_AVX2 float sum_squares8(const float* x, int64_t n) {
     return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
-// Channels [c, c + 8) (the lanes of m only when kTail) of every token; the state column block is
-// the window, shifted by one row per token.
+// Channels [c, c + 8) (the lanes of m only when kTail) of token row xt: y = silu(w . (window ++ x)),
+// then the window (the state's column block) shifts by one row.
 template <bool kTail>
-EV_AVX2 void conv_block(const float* x, int64_t x_stride, int64_t n_tokens, int64_t channels, const float* w, int64_t K,
-                        float* state, float* y, int64_t y_stride, int64_t c, __m256i m) {
-    const __m256 wl = load8<kTail>(w + (K - 1) * channels + c, m);
-    for (int64_t t = 0; t < n_tokens; ++t) {
-        const __m256 xt = load8<kTail>(x + t * x_stride + c, m);
-        __m256 acc = _mm256_mul_ps(wl, xt);
-        for (int64_t j = 0; j + 1 < K; ++j)
-            acc = _mm256_fmadd_ps(load8<kTail>(w + j * channels + c, m), load8<kTail>(state + j * channels + c, m), acc);
-        for (int64_t j = 0; j + 2 < K; ++j)
-            store8<kTail>(state + j * channels + c, m, load8<kTail>(state + (j + 1) * channels + c, m));
-        if (K > 1) store8<kTail>(state + (K - 2) * channels + c, m, xt);
-        store8<kTail>(y + t * y_stride + c, m, _mm256_mul_ps(acc, sigmoid8(acc)));
-    }
+EV_AVX2 inline void conv_step(const float* xt, int64_t channels, const float* w, int64_t K, float* state, float* yt,
+                              int64_t c, __m256i m) {
+    const __m256 x = load8<kTail>(xt + c, m);
+    __m256 acc = _mm256_mul_ps(load8<kTail>(w + (K - 1) * channels + c, m), x);
+    for (int64_t j = 0; j + 1 < K; ++j)
+        acc = _mm256_fmadd_ps(load8<kTail>(w + j * channels + c, m), load8<kTail>(state + j * channels + c, m), acc);
+    for (int64_t j = 0; j + 2 < K; ++j)
+        store8<kTail>(state + j * channels + c, m, load8<kTail>(state + (j + 1) * channels + c, m));
+    if (K > 1) store8<kTail>(state + (K - 2) * channels + c, m, x);
+    store8<kTail>(yt + c, m, _mm256_mul_ps(acc, sigmoid8(acc)));
 }
 
 }  // namespace
@@ -179,12 +176,18 @@ EV_AVX2 void delta_rule_avx2(float* S, const float* q, const float* k, int64_t q
 #undef EVK_DELTA_TAIL
 }
 
+// Token by token, each token's row across the channels: the rows of x, y, w and the state stream
+// in order (a channel-major walk would jump x_stride floats per token).
 EV_AVX2 void causal_conv1d_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t channels, const float* w,
                                 int64_t K, float* state, float* y, int64_t y_stride) {
-    const __m256i all = _mm256_set1_epi32(-1);
-    int64_t c = 0;
-    for (; c + 8 <= channels; c += 8) conv_block<false>(x, x_stride, n_tokens, channels, w, K, state, y, y_stride, c, all);
-    if (c < channels) conv_block<true>(x, x_stride, n_tokens, channels, w, K, state, y, y_stride, c, tail_mask(channels - c));
+    const __m256i all = _mm256_set1_epi32(-1), tail = tail_mask(channels % 8);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* xt = x + t * x_stride;
+        float* yt = y + t * y_stride;
+        int64_t c = 0;
+        for (; c + 8 <= channels; c += 8) conv_step<false>(xt, channels, w, K, state, yt, c, all);
+        if (c < channels) conv_step<true>(xt, channels, w, K, state, yt, c, tail);
+    }
 }
 
 EV_AVX2 void l2norm_avx2(const float* x, float* y, int64_t n, float eps) {

@@ -114,32 +114,32 @@ void delta_rule_neon(float* S, const float* q, const float* k, int64_t qk_stride
         delta_column(S, q, k, qk_stride, v, v_stride, g, beta, gb_stride, n_tokens, dk, dv, out, out_stride, j0);
 }
 
-// Channel blocks of 4 over all tokens, the state block as the window (deltanet_ref.cpp); the
-// channels mod 4 one at a time.
+// Token by token, each token's row across the channels (blocks of 4, then one at a time), the
+// state's columns as the window (deltanet_ref.cpp): the rows stream in order.
 void causal_conv1d_neon(const float* x, int64_t x_stride, int64_t n_tokens, int64_t channels, const float* w, int64_t K,
                         float* state, float* y, int64_t y_stride) {
-    int64_t c = 0;
-    for (; c + 4 <= channels; c += 4) {
-        const float32x4_t wl = vld1q_f32(w + (K - 1) * channels + c);
-        for (int64_t t = 0; t < n_tokens; ++t) {
-            const float32x4_t xt = vld1q_f32(x + t * x_stride + c);
-            float32x4_t acc = vmulq_f32(wl, xt);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* xt = x + t * x_stride;
+        float* yt = y + t * y_stride;
+        int64_t c = 0;
+        for (; c + 4 <= channels; c += 4) {
+            const float32x4_t xv = vld1q_f32(xt + c);
+            float32x4_t acc = vmulq_f32(vld1q_f32(w + (K - 1) * channels + c), xv);
             for (int64_t j = 0; j + 1 < K; ++j)
                 acc = vfmaq_f32(acc, vld1q_f32(w + j * channels + c), vld1q_f32(state + j * channels + c));
             for (int64_t j = 0; j + 2 < K; ++j) vst1q_f32(state + j * channels + c, vld1q_f32(state + (j + 1) * channels + c));
-            if (K > 1) vst1q_f32(state + (K - 2) * channels + c, xt);
-            vst1q_f32(y + t * y_stride + c, vmulq_f32(acc, sigmoid4(acc)));
+            if (K > 1) vst1q_f32(state + (K - 2) * channels + c, xv);
+            vst1q_f32(yt + c, vmulq_f32(acc, sigmoid4(acc)));
         }
-    }
-    for (; c < channels; ++c)
-        for (int64_t t = 0; t < n_tokens; ++t) {
-            const float xt = x[t * x_stride + c];
-            float acc = w[(K - 1) * channels + c] * xt;
+        for (; c < channels; ++c) {
+            const float xc = xt[c];
+            float acc = w[(K - 1) * channels + c] * xc;
             for (int64_t j = 0; j + 1 < K; ++j) acc = std::fma(w[j * channels + c], state[j * channels + c], acc);
             for (int64_t j = 0; j + 2 < K; ++j) state[j * channels + c] = state[(j + 1) * channels + c];
-            if (K > 1) state[(K - 2) * channels + c] = xt;
-            y[t * y_stride + c] = acc * sigmoid1(acc);
+            if (K > 1) state[(K - 2) * channels + c] = xc;
+            yt[c] = acc * sigmoid1(acc);
         }
+    }
 }
 
 void l2norm_neon(const float* x, float* y, int64_t n, float eps) {
