@@ -33,6 +33,12 @@ void layernorm_neon(const float*, const float*, const float*, float*, int64_t, f
 void rope_neon(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_neon(float*, const float*, int64_t);
 void gelu_mul_neon(float*, const float*, int64_t);
+void causal_conv1d_neon(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, float*, int64_t);
+void delta_rule_neon(float*, const float*, const float*, int64_t, const float*, int64_t, const float*, const float*,
+                     int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+void l2norm_neon(const float*, float*, int64_t, float);
+void rmsnorm_gated_neon(const float*, const float*, const float*, float*, int64_t, float);
+void sigmoid_mul_neon(float*, const float*, int64_t);
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
 void matmul_neon_q8act_dot_x8(const MatmulArgs&);
@@ -60,7 +66,16 @@ void rmsnorm_avx2(const float*, const float*, float*, int64_t, float);
 void layernorm_avx2(const float*, const float*, const float*, float*, int64_t, float);
 void rope_avx2(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_avx2(float*, const float*, int64_t);
+void causal_conv1d_avx2(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, float*, int64_t);
+void delta_rule_avx2(float*, const float*, const float*, int64_t, const float*, int64_t, const float*, const float*,
+                     int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+void l2norm_avx2(const float*, float*, int64_t, float);
+void rmsnorm_gated_avx2(const float*, const float*, const float*, float*, int64_t, float);
+void sigmoid_mul_avx2(float*, const float*, int64_t);
 #endif
+
+void delta_rule_ref_chunk64(float*, const float*, const float*, int64_t, const float*, int64_t, const float*,
+                            const float*, int64_t, int64_t, int64_t, int64_t, float*, int64_t);
 
 namespace {
 
@@ -211,12 +226,18 @@ const std::vector<Variant>& registry() {
 #define EVK_REFERENCE_ENTRY(name, Fn) {EVK_V(name, ref), {}, "-"},
         EVK_OPS(EVK_REFERENCE_ENTRY)
 #undef EVK_REFERENCE_ENTRY
+        {EVK_V(delta_rule, ref_chunk64), {}, "-"},
 #if defined(__aarch64__)
         {EVK_V(rmsnorm, neon), {}, "neon"},
         {EVK_V(layernorm, neon), {}, "neon"},
         {EVK_V(rope, neon), {}, "neon"},
         {EVK_V(add, neon), {}, "neon"},
         {EVK_V(gelu_mul, neon), {}, "neon"},
+        {EVK_V(causal_conv1d, neon), {}, "neon"},
+        {EVK_V(delta_rule, neon), {}, "neon"},
+        {EVK_V(l2norm, neon), {}, "neon"},
+        {EVK_V(rmsnorm_gated, neon), {}, "neon"},
+        {EVK_V(sigmoid_mul, neon), {}, "neon"},
         {EVK_V(matmul, neon_f32act), dequantized_formats(), "neon"},
         {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K,
                                          DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "neon,dotprod"},
@@ -248,6 +269,11 @@ const std::vector<Variant>& registry() {
         {EVK_V(layernorm, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(rope, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(add, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(causal_conv1d, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(delta_rule, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(l2norm, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(rmsnorm_gated, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(sigmoid_mul, avx2), {}, "avx2,fma,f16c"},
 #endif
     };
     return v;

@@ -27,6 +27,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from edgevlm_ros import _engine
+from edgevlm_ros.tools import tune
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
@@ -136,7 +137,8 @@ def test_every_variant_is_classified_and_best_is_not_ref() -> None:
     assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS, INT8_ACT_VARIANTS or SPLIT_BF16_VARIANTS"
     chosen = _engine.kernel_variants()
     assert set(chosen) == {f"matmul/{t}/{p}" for t in _engine.weight_formats() for p in ("decode", "prefill")} | {
-        "attention", "softmax", "gelu_tanh", "silu_mul", "gelu_mul", "rmsnorm", "layernorm", "rope", "add"}
+        "attention", "softmax", "gelu_tanh", "silu_mul", "gelu_mul", "rmsnorm", "layernorm", "rope", "add",
+        "causal_conv1d", "delta_rule", "l2norm", "rmsnorm_gated", "sigmoid_mul"}
     for key, name in chosen.items():
         if key.startswith("matmul/"):
             assert name == "ref" or name in matmul_variants(key.split("/")[1]), (key, name)
@@ -1008,3 +1010,177 @@ def test_norm_argument_checks() -> None:
         _engine.kernel_rope("ref", x, 1, 8, 8, cs[:4])
     with pytest.raises(ValueError):
         _engine.kernel_rope("no_such_variant", x, 1, 8, 8, cs)
+
+
+# Gated DeltaNet operators (kernels/deltanet/) against float64 numpy, every variant that runs here.
+# Bounds, in float32 units of the magnitudes involved:
+# - causal_conv1d: the K-term sum rounds a few times per term (K + 2 roundings of sum |w||in|), the
+#   vector sigmoid is within EXP_REL: CONV_REL of (sum |w||in| + |y|);
+# - delta_rule: the state is non-expansive (q, k unit-norm, beta in (0, 1), decay <= 1), so rounding
+#   does not grow with the tokens beyond a few ulps of the largest state value: DELTA_REL of max |S|
+#   over the run for the final state, and that times |q_t|_1 for output t (a sum of q_i S_ij). The chunked form does
+#   its chunk in matrix form and meets the same bound (its sums are in double).
+# A wrong index, stride, tail, decay or beta gives errors of order 1e-4 and more in these units
+# (test_delta_rule_bound_has_teeth).
+CONV_REL = 4e-6
+DELTA_REL = 1e-6  # measured worst: 1.1e-7 (AVX2, 128 x 128, 200 tokens)
+DELTA_SHAPES = ((128, 128), (64, 64), (37, 45), (1, 9), (128, 40), (256, 256))
+DELTA_LENGTHS = (1, 2, 37, 63, 64, 65, 200)
+
+
+def dn_variants(op: str) -> list[str]:
+    """Every variant of a Gated DeltaNet operator that runs here, 'ref' included."""
+    return [v["name"] for v in _engine.list_variants() if v["op"] == op and v["available"]]
+
+
+def conv1d_numpy(x: np.ndarray, w: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(y, the state after, sum_j |w_j| |in_j| per output) in float64."""
+    K = w.shape[0]
+    full = np.concatenate([state, x]).astype(np.float64)
+    acc = np.stack([(full[t:t + K] * w).sum(0) for t in range(len(x))])
+    mag = np.stack([np.abs(full[t:t + K] * w).sum(0) for t in range(len(x))])
+    return acc * sigmoid64(acc), full[len(full) - (K - 1):], mag
+
+
+@pytest.mark.parametrize("channels", (1, 7, 8, 9, 33, 100, 6144))
+@pytest.mark.parametrize("K", (1, 2, 4, 5))
+def test_causal_conv1d_variants_vs_numpy(channels: int, K: int) -> None:
+    rng = np.random.default_rng(channels * 10 + K)
+    for n in (1, 3, 70):
+        x = rng.normal(size=(n, channels + 3)).astype(np.float32)  # rows wider than the channels
+        w = rng.normal(size=(K, channels)).astype(np.float32)
+        state = rng.normal(size=(K - 1, channels)).astype(np.float32)
+        want, want_state, mag = conv1d_numpy(x[:, :channels], w, state)
+        for variant in (*dn_variants("causal_conv1d"), "best"):
+            y, st = _engine.kernel_causal_conv1d(variant, x, w, state)
+            check_close(y, want, CONV_REL * (mag + np.abs(want)), f"{variant} n={n}")
+            assert np.array_equal(st, want_state.astype(np.float32)), variant  # the inputs, moved
+            y2, st2 = _engine.kernel_causal_conv1d(variant, x, w, state, in_place=True)
+            assert same_bits(y2, y) and same_bits(st2, st), variant
+            # The decode step token by token gives what one call over the prompt gives.
+            s = state
+            for t in range(n):
+                yt, s = _engine.kernel_causal_conv1d(variant, x[t:t + 1], w, s)
+                assert same_bits(yt[0], y[t]), (variant, t)
+
+
+def delta_numpy(S: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                beta: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The recurrence in float64: (out, the final state, max |S| over the run)."""
+    S = S.astype(np.float64).copy()
+    out = np.zeros((len(q), S.shape[1]))
+    top = float(np.abs(S).max())
+    for t in range(len(q)):
+        S *= np.exp(np.float64(g[t]))
+        delta = (v[t] - S.T @ k[t]) * beta[t]
+        S += np.outer(k[t], delta)
+        out[t] = S.T @ q[t]
+        top = max(top, float(np.abs(S).max()))
+    return out, S, top
+
+
+def delta_case(rng: np.random.Generator, n: int, dk: int, dv: int, decay: float = -1.0) -> tuple[np.ndarray, ...]:
+    S, q, k, v, g, beta = tune.delta_rule_inputs(rng, n, dk, dv)
+    return S, q, k, v, (g * np.exp(decay + 1.0)).astype(np.float32), beta
+
+
+@pytest.mark.parametrize("dk, dv", DELTA_SHAPES)
+def test_delta_rule_variants_vs_numpy(dk: int, dv: int) -> None:
+    rng = np.random.default_rng(dk * 1000 + dv)
+    for n in DELTA_LENGTHS if dk * dv <= 128 * 128 else (1, 65):
+        for decay in (-1.0, 2.0):  # typical decays; strong ones (g ~ -20: the chunk's exp(G) underflows)
+            S, q, k, v, g, beta = delta_case(rng, n, dk, dv, decay)
+            want, want_state, top = delta_numpy(S, q, k, v, g, beta)
+            for variant in (*dn_variants("delta_rule"), "best"):
+                out, st = _engine.kernel_delta_rule(variant, S, q, k, v, g, beta)
+                bound = np.broadcast_to(DELTA_REL * top * np.abs(q[:, :dk]).sum(1, keepdims=True), want.shape)
+                check_close(out, want, bound, f"{variant} n={n} decay={decay}")
+                check_close(st, want_state, np.full(st.shape, DELTA_REL * top), f"{variant} state n={n}")
+
+
+@pytest.mark.parametrize("variant", ["ref", "avx2", "avx512", "neon"])
+def test_delta_rule_split_prompt_is_bit_equal(variant: str) -> None:
+    """The recurrent variants: a prompt split into calls (37 + the rest, then token by token) gives
+    the bits of one call, outputs and state; q/k rows wider than dk (the conv output's layout)."""
+    if variant not in dn_variants("delta_rule"):
+        pytest.skip(f"{variant} does not run here")
+    rng = np.random.default_rng(7)
+    S, q, k, v, g, beta = delta_case(rng, 80, 128, 128)
+    wide = np.concatenate([q, rng.normal(size=(80, 5)).astype(np.float32)], axis=1)
+    wide_k = np.concatenate([k, rng.normal(size=(80, 5)).astype(np.float32)], axis=1)
+    out, st = _engine.kernel_delta_rule(variant, S, q, k, v, g, beta)
+    o_w, st_w = _engine.kernel_delta_rule(variant, S, wide, wide_k, v, g, beta)
+    assert same_bits(o_w, out) and same_bits(st_w, st)
+    o1, s1 = _engine.kernel_delta_rule(variant, S, q[:37], k[:37], v[:37], g[:37], beta[:37])
+    o2, s2 = _engine.kernel_delta_rule(variant, s1, q[37:], k[37:], v[37:], g[37:], beta[37:])
+    assert same_bits(np.concatenate([o1, o2]), out) and same_bits(s2, st)
+    s = S
+    for t in range(80):
+        ot, s = _engine.kernel_delta_rule(variant, s, q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1])
+        assert same_bits(ot[0], out[t]), t
+    assert same_bits(s, st)
+
+
+def test_delta_rule_bound_has_teeth() -> None:
+    """One token's beta off by 0.1%, or one decay skipped, is outside the bound of the outputs."""
+    rng = np.random.default_rng(3)
+    S, q, k, v, g, beta = delta_case(rng, 64, 128, 128)
+    want, _, top = delta_numpy(S, q, k, v, g, beta)
+    b2 = beta.copy()
+    b2[5] *= 1.001
+    g2 = g.copy()
+    g2[40] = 0.0
+    for bad_b, bad_g in ((b2, g), (beta, g2)):
+        out, _ = _engine.kernel_delta_rule("ref", S, q, k, v, bad_g, bad_b)
+        assert np.max(np.abs(out - want) / (DELTA_REL * top * np.abs(q).sum(1, keepdims=True))) > 2.0
+
+
+@pytest.mark.parametrize("n", (1, 7, 8, 9, 31, 33, 128, 1000))
+def test_deltanet_norms_and_gate_vs_numpy(n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=(3, n)).astype(np.float32) * np.float32(3.0)
+    z = rng.normal(size=(3, n)).astype(np.float32) * np.float32(4.0)
+    w = rng.normal(size=n).astype(np.float32)
+    x64, z64 = x.astype(np.float64), z.astype(np.float64)
+    l2 = x64 / np.sqrt((x64 * x64).sum(1, keepdims=True) + 1e-6)
+    rms = x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-6)
+    gated = rms * w * z64 * sigmoid64(z64)
+    gate = x64 * sigmoid64(z64)
+    # Each output is a product of a few rounded factors (and EXP_REL for a vector sigmoid).
+    tol = (n / 64 + 8) * 2.0 ** -24 + 2 * EXP_REL
+    for variant in (*dn_variants("l2norm"), "best"):
+        check_close(_engine.kernel_l2norm(variant, x), l2, tol * np.abs(l2) + 1e-30, f"l2norm {variant}")
+    for variant in (*dn_variants("rmsnorm_gated"), "best"):
+        got = _engine.kernel_rmsnorm_gated(variant, x, w, z)
+        check_close(got, gated, tol * np.abs(rms * w) * np.abs(z64) + 1e-30, f"rmsnorm_gated {variant}")
+    for variant in (*dn_variants("sigmoid_mul"), "best"):
+        got = _engine.kernel_elementwise("sigmoid_mul", variant, x, z)
+        check_close(got, gate, tol * np.abs(x64) + 1e-30, f"sigmoid_mul {variant}")
+
+
+def test_deltanet_argument_checks() -> None:
+    S = np.zeros((8, 8), np.float32)
+    q = np.zeros((3, 8), np.float32)
+    g = np.zeros(3, np.float32)
+    with pytest.raises(ValueError):
+        _engine.kernel_delta_rule("ref", S, q[:, :4], q[:, :4], q, g, g)  # rows narrower than dk
+    with pytest.raises(ValueError):
+        _engine.kernel_delta_rule("ref", S, q, q, q[:, :4], g, g)
+    with pytest.raises(ValueError):
+        _engine.kernel_delta_rule("ref", S, q, q, q, g[:2], g)
+    with pytest.raises(ValueError):
+        _engine.kernel_delta_rule("no_such_variant", S, q, q, q, g, g)
+    with pytest.raises(ValueError):
+        _engine.kernel_causal_conv1d("ref", q, S[:4], S[:2])  # state must be (K - 1, channels)
+    with pytest.raises(ValueError):
+        _engine.kernel_rmsnorm_gated("ref", q, g, q)
+    with pytest.raises(ValueError):
+        _engine.kernel_rmsnorm_gated("ref", q, np.zeros(8, np.float32), q[:2])
+
+
+def test_tune_writes_chunked_delta_rules_after_the_recurrent_ones() -> None:
+    """A chunked variant faster than the recurrent one still comes after it in a tuned table (it
+    would give other bits for a split prompt); the reference closes the block."""
+    text = tune.build_table([], {"delta_rule": {"ref": 3e-3, "ref_chunk64": 1e-6, "avx2": 2e-3}}, "", [])
+    block = [ln.split()[5] for ln in text.splitlines() if ln.startswith("delta_rule")]
+    assert block == ["avx2", "ref_chunk64", "ref"]

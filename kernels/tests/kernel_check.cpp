@@ -226,6 +226,126 @@ void check_block_formats(std::mt19937& rng) {
     }
 }
 
+// The Gated DeltaNet variants (kernels/deltanet/) against the reference, with test_kernels.py's
+// bounds: causal_conv1d within 4e-6 of (sum |w||in| + |y|), its state bit for bit, in place the
+// same bits; delta_rule within 1e-6 of max |S| (the state) and that times |q_t|_1 (output t), and
+// the recurrent variants bit-equal over a prompt split at 37; l2norm, rmsnorm_gated, sigmoid_mul
+// within (n/64 + 8) u + 4e-6 of their magnitudes. Eight guard values after each output stay.
+void check_deltanet(std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const float guard = 12345.f;
+    for (const VariantInfo& v : list_variants()) {
+        if (!v.available || v.name == "ref") continue;
+        if (v.op == "causal_conv1d") {
+            const CausalConv1dFn fn = causal_conv1d_variant(v.name);
+            for (int64_t ch : {1, 3, 4, 5, 8, 9, 33, 100})
+                for (int64_t K : {1, 2, 4, 5})
+                    for (int64_t n : {1, 3, 70}) {
+                        const int64_t xs = ch + 3;
+                        std::vector<float> x(n * xs), w(K * ch), st0((K - 1) * ch);
+                        for (float& e : x) e = nd(rng);
+                        for (float& e : w) e = nd(rng);
+                        for (float& e : st0) e = nd(rng);
+                        std::vector<float> want(n * ch + 8, guard), got(n * ch + 8, guard), sw = st0, sg = st0;
+                        causal_conv1d_ref(x.data(), xs, n, ch, w.data(), K, sw.data(), want.data(), ch);
+                        fn(x.data(), xs, n, ch, w.data(), K, sg.data(), got.data(), ch);
+                        int bad = sw != sg;
+                        for (int64_t t = 0; t < n; ++t)
+                            for (int64_t c = 0; c < ch; ++c) {
+                                double mag = 0;
+                                for (int64_t j = 0; j < K; ++j) {
+                                    const int64_t r = t + j - (K - 1);  // row of in = state ++ x
+                                    mag += std::fabs(w[j * ch + c] * (r < 0 ? st0[(r + K - 1) * ch + c] : x[r * xs + c]));
+                                }
+                                const double d = std::fabs(static_cast<double>(got[t * ch + c]) - want[t * ch + c]);
+                                bad += !(d <= 4e-6 * (mag + std::fabs(want[t * ch + c])));
+                            }
+                        for (int64_t i = n * ch; i < n * ch + 8; ++i) bad += got[i] != guard;
+                        std::vector<float> xi = x, si = st0;
+                        fn(xi.data(), xs, n, ch, w.data(), K, si.data(), xi.data(), xs);
+                        for (int64_t t = 0; t < n; ++t)
+                            bad += std::memcmp(&xi[t * xs], &got[t * ch], ch * sizeof(float)) != 0;
+                        check(bad == 0, "causal_conv1d/" + v.name + " ch=" + std::to_string(ch) + " K=" + std::to_string(K) +
+                                            " n=" + std::to_string(n) + ": " + std::to_string(bad) + " off");
+                    }
+        } else if (v.op == "delta_rule") {
+            const DeltaRuleFn fn = delta_rule_variant(v.name);
+            const bool recurrent = v.name.find("chunk") == std::string::npos;
+            const std::pair<int64_t, int64_t> shapes[] = {{128, 128}, {37, 45}, {1, 9}, {64, 7}, {16, 20}};
+            for (const auto& [dk, dv] : shapes)
+                for (int64_t n : {1, 37, 65, 130}) {
+                    const int64_t qs = dk + 2;
+                    std::vector<float> q(n * qs), k(n * qs), val(n * dv), g(n), b(n), S0(dk * dv);
+                    for (int64_t t = 0; t < n; ++t) {
+                        double nq = 0, nk = 0;
+                        for (int64_t i = 0; i < qs; ++i) q[t * qs + i] = nd(rng), k[t * qs + i] = nd(rng);
+                        for (int64_t i = 0; i < dk; ++i) nq += q[t * qs + i] * q[t * qs + i], nk += k[t * qs + i] * k[t * qs + i];
+                        for (int64_t i = 0; i < dk; ++i)
+                            q[t * qs + i] /= static_cast<float>(std::sqrt(nq * dk)), k[t * qs + i] /= static_cast<float>(std::sqrt(nk));
+                        g[t] = -std::exp(nd(rng) - 1.f);
+                        b[t] = 1.f / (1.f + std::exp(-nd(rng)));
+                    }
+                    for (float& e : val) e = nd(rng);
+                    for (float& e : S0) e = 0.1f * nd(rng);
+                    // The reference token by token (bit-equal to one call), tracking max |S|.
+                    std::vector<float> Sw = S0, want(n * dv), got(n * dv + 8, guard), Sg = S0;
+                    float top = 0;
+                    for (float e : S0) top = std::fmax(top, std::fabs(e));
+                    for (int64_t t = 0; t < n; ++t) {
+                        delta_rule_ref(Sw.data(), &q[t * qs], &k[t * qs], qs, &val[t * dv], dv, &g[t], &b[t], 1, 1, dk, dv,
+                                       &want[t * dv], dv);
+                        for (float e : Sw) top = std::fmax(top, std::fabs(e));
+                    }
+                    fn(Sg.data(), q.data(), k.data(), qs, val.data(), dv, g.data(), b.data(), 1, n, dk, dv, got.data(), dv);
+                    int bad = 0;
+                    for (int64_t i = 0; i < dk * dv; ++i) bad += !(std::fabs(Sg[i] - Sw[i]) <= 1e-6 * top);
+                    for (int64_t t = 0; t < n; ++t) {
+                        double q1 = 0;
+                        for (int64_t i = 0; i < dk; ++i) q1 += std::fabs(q[t * qs + i]);
+                        for (int64_t j = 0; j < dv; ++j) bad += !(std::fabs(got[t * dv + j] - want[t * dv + j]) <= 1e-6 * top * q1);
+                    }
+                    for (int64_t i = n * dv; i < n * dv + 8; ++i) bad += got[i] != guard;
+                    if (recurrent && n > 37) {  // split at 37: the same bits
+                        std::vector<float> Ss = S0, split(n * dv);
+                        fn(Ss.data(), q.data(), k.data(), qs, val.data(), dv, g.data(), b.data(), 1, 37, dk, dv, split.data(), dv);
+                        fn(Ss.data(), &q[37 * qs], &k[37 * qs], qs, &val[37 * dv], dv, &g[37], &b[37], 1, n - 37, dk, dv,
+                           &split[37 * dv], dv);
+                        bad += Ss != Sg || std::memcmp(split.data(), got.data(), n * dv * sizeof(float)) != 0;
+                    }
+                    check(bad == 0, "delta_rule/" + v.name + " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) +
+                                        " n=" + std::to_string(n) + ": " + std::to_string(bad) + " off");
+                }
+        } else if (v.op == "l2norm" || v.op == "rmsnorm_gated" || v.op == "sigmoid_mul") {
+            for (int64_t n : {1, 3, 4, 7, 8, 9, 31, 33, 128, 1000}) {
+                std::vector<float> x(n + 8, guard), w(n + 8, guard), z(n + 8, guard), want(n + 8, guard), got(n + 8, guard);
+                for (int64_t i = 0; i < n; ++i) x[i] = 3.f * nd(rng), w[i] = nd(rng), z[i] = 4.f * nd(rng);
+                double ss = 0;
+                for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+                const double tol = (n / 64.0 + 8) * std::ldexp(1.0, -24) + 4e-6;
+                std::vector<double> mag(n);
+                if (v.op == "l2norm") {
+                    l2norm_ref(x.data(), want.data(), n, 1e-6f);
+                    l2norm_variant(v.name)(x.data(), got.data(), n, 1e-6f);
+                    for (int64_t i = 0; i < n; ++i) mag[i] = std::fabs(x[i]) / std::sqrt(ss + 1e-6);
+                } else if (v.op == "rmsnorm_gated") {
+                    rmsnorm_gated_ref(x.data(), w.data(), z.data(), want.data(), n, 1e-6f);
+                    rmsnorm_gated_variant(v.name)(x.data(), w.data(), z.data(), got.data(), n, 1e-6f);
+                    for (int64_t i = 0; i < n; ++i) mag[i] = std::fabs(x[i] * w[i] * z[i]) / std::sqrt(ss / n + 1e-6);
+                } else {
+                    want = x, got = x;
+                    sigmoid_mul_ref(want.data(), z.data(), n);
+                    sigmoid_mul_variant(v.name)(got.data(), z.data(), n);
+                    for (int64_t i = 0; i < n; ++i) mag[i] = std::fabs(x[i]);
+                }
+                int bad = 0;
+                for (int64_t i = 0; i < n; ++i) bad += !(std::fabs(static_cast<double>(got[i]) - want[i]) <= tol * mag[i]);
+                for (int64_t i = n; i < n + 8; ++i) bad += got[i] != guard;
+                check(bad == 0, v.op + "/" + v.name + " n=" + std::to_string(n) + ": " + std::to_string(bad) + " off");
+            }
+        }
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -506,6 +626,7 @@ int main() {
                         }
         }
     }
+    check_deltanet(rng);
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }
