@@ -42,7 +42,6 @@ public:
         read_shapes(cfg, f, a);
         check_tensors(cfg, f);  // every size that an allocation below is computed from, against the file
         const int64_t d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim(), hd = cfg.head_dim, ff = cfg.n_ff;
-        layers_.resize(static_cast<size_t>(cfg.n_layer));
         for (int64_t l = 0; l < cfg.n_layer; ++l) {
             const std::string p = "blk." + std::to_string(l) + ".";
             Layer& L = layers_[static_cast<size_t>(l)];
