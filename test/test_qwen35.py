@@ -296,7 +296,10 @@ TINY = {"conv_kernel": 4, "state_size": 8, "group_count": 2, "time_step_rank": 4
 
 
 def _tiny_gguf(path: Path, keys: dict[str, int] | None = None, conv_shape: tuple[int, int] | None = None,
-               recurrent: list[bool] | None = None) -> Path:
+               recurrent: list[bool] | None = None, top: dict[str, int] | None = None,
+               pattern_key: bool = True) -> Path:
+    """keys: qwen35.ssm.* values over TINY's; top: other qwen35.* keys; recurrent_layers as given
+    (default [True, False]), none without pattern_key (the pattern then comes from full_attention_interval)."""
     import gguf
 
     k = {**TINY, **(keys or {})}
@@ -317,7 +320,10 @@ def _tiny_gguf(path: Path, keys: dict[str, int] | None = None, conv_shape: tuple
     w.add_rope_dimension_count(4)
     for name, v in k.items():
         w.add_uint32(f"qwen35.ssm.{name}", v)
-    w.add_array("qwen35.attention.recurrent_layers", recurrent if recurrent is not None else [True, False])
+    if pattern_key:
+        w.add_array("qwen35.attention.recurrent_layers", recurrent if recurrent is not None else [True, False])
+    for name, v in (top or {}).items():
+        w.add_uint64(f"qwen35.{name}", v)
 
     def add(name: str, *shape: int) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
@@ -369,6 +375,18 @@ def test_tiny_file_loads_and_runs(tmp_path: Path) -> None:
     assert dec.snapshot().nbytes == 4 * (10 * 16 * 2 + (4 - 1) * 64 + 4 * 8 * 8)
 
 
+def test_tiny_file_layer_pattern_from_the_interval_and_nextn(tmp_path: Path) -> None:
+    """Without recurrent_layers, full_attention_interval 2 makes layer 0 linear and layer 1 full (the
+    same file as above: the same numbers); nextn_predict_layers 1 leaves the decoder its first layer."""
+    ids = np.arange(6, dtype=np.int32)
+    want = _load(_tiny_gguf(tmp_path / "a.gguf")).forward(ids, all_logits=True)
+    by_interval = _tiny_gguf(tmp_path / "b.gguf", pattern_key=False, top={"full_attention_interval": 2})
+    assert np.array_equal(_load(by_interval).forward(ids, all_logits=True), want)
+    short = _load(_tiny_gguf(tmp_path / "c.gguf", top={"nextn_predict_layers": 1}))
+    assert short.config["n_layer"] == 1 and short.snapshot().nbytes == 4 * ((4 - 1) * 64 + 4 * 8 * 8)
+    assert not np.array_equal(short.forward(ids, all_logits=True), want)
+
+
 @pytest.mark.parametrize(("case", "args", "match"), [
     ("huge state", {"keys": {"state_size": 1 << 12, "inner_size": 4 << 12}}, "ssm.state_size: is larger than"),
     ("heads", {"keys": {"time_step_rank": 3, "inner_size": 24}}, "multiple of the key heads"),
@@ -377,6 +395,8 @@ def test_tiny_file_loads_and_runs(tmp_path: Path) -> None:
     ("conv layout", {"conv_shape": (4, 64)}, "ssm_conv1d.weight"),
     ("zero kernel", {"keys": {"conv_kernel": 0}}, "ssm.conv_kernel"),
     ("pattern", {"recurrent": [True]}, "recurrent_layers"),
+    ("interval", {"pattern_key": False, "top": {"full_attention_interval": 0}}, "full_attention_interval"),
+    ("nextn", {"top": {"nextn_predict_layers": 2**64 - 1}}, "nextn_predict_layers"),
 ])
 def test_loader_refuses_inconsistent_files(tmp_path: Path, case: str, args: dict[str, Any], match: str) -> None:
     from edgevlm_ros import _engine

@@ -140,9 +140,9 @@ private:
         // block_count counts the multi-token-prediction layers the converter keeps after the
         // decoder's own (nextn_predict_layers): this engine runs the decoder's only.
         const int64_t n_all = cfg.n_layer;
-        const int64_t nextn = static_cast<int64_t>(f.get_uint(a + "nextn_predict_layers", 0));
-        if (nextn >= n_all) f.fail(a + "nextn_predict_layers", "leaves no decoder layers");
-        cfg.n_layer = n_all - nextn;
+        const uint64_t nextn = f.get_uint(a + "nextn_predict_layers", 0);
+        if (nextn >= static_cast<uint64_t>(n_all)) f.fail(a + "nextn_predict_layers", "leaves no decoder layers");
+        cfg.n_layer = n_all - static_cast<int64_t>(nextn);
         layers_.resize(static_cast<size_t>(cfg.n_layer));
         const std::string rkey = a + "attention.recurrent_layers";
         if (const GValue* v = f.find(rkey)) {
@@ -150,9 +150,10 @@ private:
                 f.fail(rkey, "must be one bool per block");
             for (int64_t l = 0; l < cfg.n_layer; ++l) layers_[static_cast<size_t>(l)].linear = v->raw[static_cast<size_t>(l)] != 0;
         } else {
-            const int64_t interval = static_cast<int64_t>(f.get_uint(a + "full_attention_interval", 4));
+            const uint64_t interval = f.get_uint(a + "full_attention_interval", 4);
             if (interval < 1) f.fail(a + "full_attention_interval", "must be >= 1");
-            for (int64_t l = 0; l < cfg.n_layer; ++l) layers_[static_cast<size_t>(l)].linear = (l + 1) % interval != 0;
+            for (int64_t l = 0; l < cfg.n_layer; ++l)
+                layers_[static_cast<size_t>(l)].linear = static_cast<uint64_t>(l + 1) % interval != 0;
         }
         n_linear_ = std::count_if(layers_.begin(), layers_.end(), [](const Layer& L) { return L.linear; });
         if (f.find(a + "attention.value_length") && f.get_uint(a + "attention.value_length") != static_cast<uint64_t>(cfg.head_dim))
