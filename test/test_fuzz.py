@@ -173,91 +173,6 @@ def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool, ff: int = 64, n_l
     _retype_bf16(path, bf16)
 
 
-# The tiny Qwen3.5 (llama.cpp's arch "qwen35") of the seeds: 3 Gated DeltaNet layers then one
-# gated full-attention layer (full_attention_interval 4), every width small but every head count
-# distinct, so a loader that mixes up two of them meets a shape it must refuse.
-QWEN35_TINY = {"d": 32, "ff": 64, "vocab": 40, "n_layer": 4, "interval": 4, "n_head": 2, "n_head_kv": 1,
-               "head_dim": 16, "rope_dims": 4, "conv": 4, "dk": 8, "n_k_heads": 2, "n_v_heads": 4}
-
-
-def qwen35_state_floats(c: dict[str, int] = QWEN35_TINY) -> int:
-    """Floats of recurrent state one Gated DeltaNet layer carries: the conv window ((K-1) x conv
-    channels: q, k and v) and one dk x dv delta-rule state per value head (dv = dk in llama.cpp's
-    layout)."""
-    conv_channels = 2 * c["n_k_heads"] * c["dk"] + c["n_v_heads"] * c["dk"]
-    return (c["conv"] - 1) * conv_channels + c["n_v_heads"] * c["dk"] * c["dk"]
-
-
-def _tiny_qwen35(path: Path, *, tied: bool, layer_list: bool, kinds: tuple[str, ...] = ("q8_0",),
-                 vocab: bool = False, c: dict[str, int] = QWEN35_TINY) -> None:
-    """A qwen35 GGUF in llama.cpp's layout (its converter, conversion/qwen.py, and loader,
-    src/models/qwen35.cpp): ssm.* keys for the linear layers, attn_q holding query and gate, the
-    layer pattern from full_attention_interval (and, with layer_list, the per-layer
-    attention.recurrent_layers array the converter also writes). Matrices in `kinds` in turn.
-    vocab: a minimal byte-level BPE vocabulary too, which llama.cpp needs to load the file (the
-    seeds go without: the fuzz target reads no tokenizer)."""
-    import numpy as np
-
-    from edgevlm_ros.tools.gguf_writer import GGUFValueType, GGUFWriter
-
-    rng = np.random.default_rng(4)
-    d, ff, n_layer, hd, dk = c["d"], c["ff"], c["n_layer"], c["head_dim"], c["dk"]
-    key_dim, value_dim = c["n_k_heads"] * dk, c["n_v_heads"] * dk
-
-    def w(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
-    g = GGUFWriter()
-    g.add_string("general.architecture", "qwen35")
-    for key, value in (("context_length", 64), ("embedding_length", d), ("feed_forward_length", ff),
-                       ("block_count", n_layer), ("attention.head_count", c["n_head"]),
-                       ("attention.head_count_kv", c["n_head_kv"]), ("attention.key_length", hd),
-                       ("attention.value_length", hd), ("rope.dimension_count", c["rope_dims"]),
-                       ("ssm.conv_kernel", c["conv"]), ("ssm.state_size", dk), ("ssm.group_count", c["n_k_heads"]),
-                       ("ssm.time_step_rank", c["n_v_heads"]), ("ssm.inner_size", value_dim),
-                       ("full_attention_interval", c["interval"])):
-        g.add_uint32(f"qwen35.{key}", value)
-    g.add_float32("qwen35.rope.freq_base", 10000000.0)
-    g.add_float32("qwen35.attention.layer_norm_rms_epsilon", 1e-6)
-    g.add_array("qwen35.rope.dimension_sections", [c["rope_dims"] // 4, c["rope_dims"] // 4, 0, 0],
-                GGUFValueType.INT32)
-    recurrent = [(i + 1) % c["interval"] != 0 for i in range(n_layer)]
-    if layer_list:
-        g.add_array("qwen35.attention.recurrent_layers", recurrent, GGUFValueType.BOOL)
-    if vocab:
-        g.add_string("tokenizer.ggml.model", "gpt2")
-        g.add_string("tokenizer.ggml.pre", "qwen35")
-        g.add_array("tokenizer.ggml.tokens", [chr(ord("a") + i) for i in range(c["vocab"])], GGUFValueType.STRING)
-        g.add_array("tokenizer.ggml.token_type", [1] * c["vocab"], GGUFValueType.INT32)
-        g.add_array("tokenizer.ggml.merges", ["a b"], GGUFValueType.STRING)
-    g.add_tensor("token_embd.weight", w(c["vocab"], d), "q8_0")
-    if not tied:
-        g.add_tensor("output.weight", w(c["vocab"], d), "f16")
-    g.add_tensor("output_norm.weight", 1 + w(d), "f32")
-    n_matrix = 0
-    for layer in range(n_layer):
-        p = f"blk.{layer}."
-        g.add_tensor(p + "attn_norm.weight", 1 + w(d), "f32")
-        g.add_tensor(p + "post_attention_norm.weight", 1 + w(d), "f32")
-        if recurrent[layer]:
-            matrices = (("attn_qkv", (2 * key_dim + value_dim, d)), ("attn_gate", (value_dim, d)),
-                        ("ssm_beta", (c["n_v_heads"], d)), ("ssm_alpha", (c["n_v_heads"], d)),
-                        ("ssm_out", (d, value_dim)))
-            g.add_tensor(p + "ssm_conv1d.weight", w(2 * key_dim + value_dim, c["conv"]), "f32")
-            g.add_tensor(p + "ssm_dt.bias", w(c["n_v_heads"]), "f32")
-            g.add_tensor(p + "ssm_a", -np.exp(w(c["n_v_heads"])), "f32")  # the converter stores -exp(A_log)
-            g.add_tensor(p + "ssm_norm.weight", 1 + w(dk), "f32")
-        else:
-            matrices = (("attn_q", (2 * c["n_head"] * hd, d)), ("attn_k", (c["n_head_kv"] * hd, d)),
-                        ("attn_v", (c["n_head_kv"] * hd, d)), ("attn_output", (d, c["n_head"] * hd)))
-            g.add_tensor(p + "attn_q_norm.weight", 1 + w(hd), "f32")
-            g.add_tensor(p + "attn_k_norm.weight", 1 + w(hd), "f32")
-        for name, shape in (*matrices, ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff))):
-            g.add_tensor(p + name + ".weight", w(*shape), kinds[n_matrix % len(kinds)])
-            n_matrix += 1
-    g.write(path)
-
-
 def _tiny_mmproj(path: Path, *, swapped: bool) -> None:
     import numpy as np
 
@@ -427,8 +342,11 @@ def write_seeds(dest: Path = SEEDS, model: Path | None = None) -> list[Path]:
     _tiny_llama(g / "llama_tiny_tied_linear_rope.gguf", tied=True, rope_scaling=True)
     _llama_new_formats(g / "llama_tiny_q2k_q3k_q4k.gguf", ("Q2_K", "Q3_K", "Q4_K"))
     _llama_new_formats(g / "llama_tiny_q5k_q6k.gguf", ("Q5_K", "Q6_K"))
-    _tiny_qwen35(g / "qwen35_tiny.gguf", tied=True, layer_list=False)
-    _tiny_qwen35(g / "qwen35_tiny_untied_layer_list.gguf", tied=False, layer_list=True, kinds=("q8_0", "q4_0", "f16"))
+    import qwen35_tiny
+
+    qwen35_tiny.write(g / "qwen35_tiny.gguf", tied=True, layer_list=False)
+    qwen35_tiny.write(g / "qwen35_tiny_untied_layer_list.gguf", tied=False, layer_list=True,
+                      kinds=("q8_0", "q4_0", "f16"))
     _tiny_mmproj(g / "mmproj_tiny.gguf", swapped=False)
     _tiny_mmproj(g / "mmproj_tiny_ffn_swapped.gguf", swapped=True)
     (g / "every_value_type.gguf").write_bytes(_every_value_type())
@@ -487,15 +405,15 @@ def test_the_qwen35_seeds_have_llama_cpps_layout(tmp_path: Path) -> None:
     the loader is fuzzed from files of the layout llama.cpp's converter writes; the same file with
     attn_q missing its gate half is refused there, so a wrong shape would show."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (requirements-bench.txt) is not installed")
-    sys.path.insert(0, str(ROOT / "test"))
     import gguf_builder as gb
+    import qwen35_tiny
 
     for tied, layer_list in ((True, False), (False, True)):
         path = tmp_path / f"qwen35_{tied}_{layer_list}.gguf"
-        _tiny_qwen35(path, tied=tied, layer_list=layer_list, kinds=("q8_0", "q4_0", "f16"), vocab=True)
+        qwen35_tiny.write(path, tied=tied, layer_list=layer_list, kinds=("q8_0", "q4_0", "f16"), vocab=True)
         llm = llama_cpp.Llama(str(path), n_ctx=64, n_threads=1, verbose=False)
         out = [t for _, t in zip(range(4), llm.generate([1, 2, 3], temp=0.0), strict=False)]
-        assert len(out) == 4 and all(0 <= t < QWEN35_TINY["vocab"] for t in out)
+        assert len(out) == 4 and all(0 <= t < qwen35_tiny.TINY["vocab"] for t in out)
         del llm
     b = gb.from_file(path)
     (q,) = (t for t in b.tensors if t.name == "blk.3.attn_q.weight")
