@@ -11,7 +11,9 @@ and its converted files are test/qwen35_fixtures.py's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,27 +77,35 @@ def tensors(c: dict[str, int] = TINY, *, tied: bool = True) -> list[tuple[str, t
 
 
 def write(path: Path, *, tied: bool, layer_list: bool, kinds: tuple[str, ...] = ("q8_0",), vocab: bool = False,
-          c: dict[str, int] = TINY) -> None:
+          c: dict[str, int] = TINY, keys: Mapping[str, Any] | None = None) -> None:
     """Matrices in `kinds` in turn (the token embedding Q8_0, an untied head F16, norms and the
     small ssm tensors F32). vocab: a minimal byte-level BPE vocabulary too, which llama.cpp needs
-    to load the file (the fuzz seeds go without: the harness reads no tokenizer)."""
+    to load the file (the fuzz seeds go without: the harness reads no tokenizer). keys: "qwen35.*"
+    keys (named without the prefix) written with another value (an int: u32; a list: the bool
+    array attention.recurrent_layers), or left out (None), over tensors of the shapes `c` gives:
+    the corrupt files of the loader tests."""
     rng = np.random.default_rng(4)
     g = GGUFWriter()
     g.add_string("general.architecture", "qwen35")
-    for key, value in (("context_length", 64), ("embedding_length", c["d"]), ("feed_forward_length", c["ff"]),
-                       ("block_count", c["n_layer"]), ("attention.head_count", c["n_head"]),
-                       ("attention.head_count_kv", c["n_head_kv"]), ("attention.key_length", c["head_dim"]),
-                       ("attention.value_length", c["head_dim"]), ("rope.dimension_count", c["rope_dims"]),
-                       ("ssm.conv_kernel", c["conv"]), ("ssm.state_size", c["dk"]),
-                       ("ssm.group_count", c["n_k_heads"]), ("ssm.time_step_rank", c["n_v_heads"]),
-                       ("ssm.inner_size", c["n_v_heads"] * c["dk"]), ("full_attention_interval", c["interval"])):
-        g.add_uint32(f"qwen35.{key}", value)
+    values = {"context_length": 64, "embedding_length": c["d"], "feed_forward_length": c["ff"],
+              "block_count": c["n_layer"], "attention.head_count": c["n_head"],
+              "attention.head_count_kv": c["n_head_kv"], "attention.key_length": c["head_dim"],
+              "attention.value_length": c["head_dim"], "rope.dimension_count": c["rope_dims"],
+              "ssm.conv_kernel": c["conv"], "ssm.state_size": c["dk"], "ssm.group_count": c["n_k_heads"],
+              "ssm.time_step_rank": c["n_v_heads"], "ssm.inner_size": c["n_v_heads"] * c["dk"],
+              "full_attention_interval": c["interval"]}
+    if layer_list:
+        values["attention.recurrent_layers"] = recurrent_layers(c)
+    values.update(keys or {})
+    for key, value in values.items():
+        if isinstance(value, list):
+            g.add_array(f"qwen35.{key}", value, GGUFValueType.BOOL)
+        elif value is not None:
+            g.add_uint32(f"qwen35.{key}", value)
     g.add_float32("qwen35.rope.freq_base", 10000000.0)
     g.add_float32("qwen35.attention.layer_norm_rms_epsilon", 1e-6)
     g.add_array("qwen35.rope.dimension_sections", [c["rope_dims"] // 4, c["rope_dims"] // 4, 0, 0],
                 GGUFValueType.INT32)
-    if layer_list:
-        g.add_array("qwen35.attention.recurrent_layers", recurrent_layers(c), GGUFValueType.BOOL)
     if vocab:
         g.add_string("tokenizer.ggml.model", "gpt2")
         g.add_string("tokenizer.ggml.pre", "qwen35")

@@ -21,12 +21,14 @@ test/fuzz_seeds), `... prefix-cache [libFuzzer flags] [corpus dirs]` (the atheri
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -488,6 +490,108 @@ def test_prefix_cache_regressions_replay(path: Path, tmp_path: Path) -> None:
                 prefix_cache.load(f, FUZZ_KEY, fits)
             except prefix_cache.PrefixCacheError:
                 pass
+
+
+# --------------------------------------------------------------------------------------------
+# Corrupt qwen35 files: each refused by the loader with the engine's own error, before any
+# allocation sized from the numbers it doubts
+
+# "qwen35.*" keys (without the prefix) over the tiny model's tensors (qwen35_tiny.TINY: d 32, 2 key
+# heads and 4 value heads of 8, conv 4, interval 4; 448 floats of state per linear layer).
+QWEN35_BAD_KEYS: dict[str, dict[str, object]] = {
+    # A state of 4 x 2^20 x 2^20 floats (16 TiB) per linear layer, or 2^24 value heads of 8 x 8.
+    "state_size_2^20": {"ssm.state_size": 1 << 20},
+    "value_heads_2^24": {"ssm.time_step_rank": 1 << 24, "ssm.inner_size": 8 << 24},
+    "conv_kernel_2^31": {"ssm.conv_kernel": 1 << 31},
+    "conv_kernel_0": {"ssm.conv_kernel": 0},
+    "conv_kernel_3_for_a_width_4_kernel": {"ssm.conv_kernel": 3},
+    "key_heads_0": {"ssm.group_count": 0},
+    "value_heads_not_a_multiple_of_key_heads": {"ssm.group_count": 3},
+    "inner_size_off_by_one": {"ssm.inner_size": 33},
+    "inner_size_2^31": {"ssm.inner_size": 1 << 31},
+    "no_state_size": {"ssm.state_size": None},
+    "no_conv_kernel": {"ssm.conv_kernel": None},
+    "interval_0": {"full_attention_interval": 0},
+    "interval_1_every_layer_full": {"full_attention_interval": 1},
+    "interval_2^31_no_layer_full": {"full_attention_interval": 1 << 31},
+    "layer_list_too_short": {"attention.recurrent_layers": [True, True, True]},
+    "layer_list_against_the_tensors": {"attention.recurrent_layers": [True, True, False, True]},
+    "key_length_2^20": {"attention.key_length": 1 << 20, "attention.value_length": 1 << 20},
+    "kv_heads_0": {"attention.head_count_kv": 0},
+    "kv_heads_not_dividing_heads": {"attention.head_count_kv": 3},
+    "rope_wider_than_a_head": {"rope.dimension_count": 32},
+    "block_count_2^20": {"block_count": 1 << 20},
+}
+
+
+def _qwen35_bad_tensors(src: Path, dest: Path) -> list[Path]:
+    """The valid tiny qwen35 with one tensor of the wrong shape, or missing."""
+    import gguf_builder as gb
+
+    def one(name: str, change: Callable[[gb.TensorSpec], bool]) -> Path:
+        b = gb.from_file(src)
+        for t in list(b.tensors):
+            if t.name == name and not change(t):
+                b.tensors.remove(t)
+        out = dest / f"qwen35_tensor_{name}.gguf"
+        out.write_bytes(b.build())
+        return out
+
+    def fewer_values(t: gb.TensorSpec) -> bool:  # an F32 tensor one value shorter along ne0
+        t.dims[0] -= 1
+        t.data = t.data[: 4 * math.prod(t.dims)]
+        return True
+
+    def half_the_rows(t: gb.TensorSpec) -> bool:
+        t.dims[1] //= 2
+        t.data = t.data[: len(t.data) // 2]
+        return True
+
+    return [one("blk.0.ssm_conv1d.weight", fewer_values),  # kernel 3 wide for ssm.conv_kernel 4
+            one("blk.1.ssm_a", fewer_values),  # 3 of 4 heads
+            one("blk.3.attn_q.weight", half_the_rows),  # no gate half
+            one("blk.2.attn_qkv.weight", half_the_rows),  # half of q, k, v
+            one("blk.1.ssm_norm.weight", lambda t: False),  # missing
+            one("blk.0.ssm_dt.bias", lambda t: False)]  # missing
+
+
+def test_corrupt_qwen35_files_are_refused_before_allocating(tmp_path: Path) -> None:
+    """Every key that sizes a qwen35 model or its recurrent state, set wrong one at a time, and
+    tensors of the wrong shape: the fuzz harness (ASan, malloc limit 64 MB, where the tiny model
+    needs < 1 MB) meets each without a report, and in-process each is refused with GGUFError or
+    UnsupportedModelError naming a key or a tensor, never with anything else."""
+    import resource
+
+    import qwen35_tiny
+
+    from edgevlm_ros import _engine
+
+    good = tmp_path / "good.gguf"
+    qwen35_tiny.write(good, tied=True, layer_list=False)
+    try:
+        _engine.Decoder(_engine.GGUFFile(str(good)), threads=1, n_ctx=8)
+    except _engine.UnsupportedModelError as exc:
+        pytest.skip(f"this engine does not run qwen35 yet ({exc})")
+    files = []
+    for name, keys in QWEN35_BAD_KEYS.items():
+        files.append(tmp_path / f"qwen35_{name}.gguf")
+        qwen35_tiny.write(files[-1], tied=True, layer_list="attention.recurrent_layers" in keys, keys=keys)
+    files += _qwen35_bad_tensors(good, tmp_path)
+    exe = build_fuzzer()
+    flags = [f for f in LIBFUZZER_FLAGS if not f.startswith("-malloc_limit_mb")] + ["-malloc_limit_mb=64"]
+    p = subprocess.run([str(exe), *flags, *map(str, files)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    _check_clean(out)
+    assert out.count("Executed ") == len(files), out[-3000:]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for path in files:
+        with pytest.raises((_engine.GGUFError, _engine.UnsupportedModelError)) as info:
+            _engine.Decoder(_engine.GGUFFile(str(path)), threads=1, n_ctx=8)
+        message = str(info.value)
+        assert "qwen35." in message or "blk." in message, (path.name, message)
+        assert "unsupported architecture" not in message, (path.name, message)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: < 64 MiB more
 
 
 # --------------------------------------------------------------------------------------------

@@ -462,3 +462,43 @@ def test_an_unwritable_cache_dir_is_reported_and_the_prefix_still_built(text_eng
     blocker.write_text("a file where the cache directory should be")
     state, status = text_engine.cached_prefix(_prefix_ids(text_engine), blocker / "cache")
     assert status.startswith("built (not saved: ") and len(state.token_ids) == 12
+
+
+# -- a hybrid decoder's state through a file (Qwen3.5: Gated DeltaNet layers + full attention) ----------------
+def test_a_hybrid_decoders_state_round_trips_through_a_file(tmp_path: Path) -> None:
+    """The tiny qwen35 of the fuzz seeds (3 Gated DeltaNet layers, 1 full-attention layer): its
+    state after a prefix, saved and loaded, continues the sequence exactly as the snapshot it was
+    made from, and as the unsplit prompt does; without its recurrent part it would not."""
+    import qwen35_tiny
+
+    seed = Path(__file__).resolve().parent / "fuzz_seeds" / "gguf" / "qwen35_tiny.gguf"
+    try:
+        d = _engine.Decoder(_engine.GGUFFile(str(seed)), threads=1, n_ctx=32)
+    except _engine.UnsupportedModelError as exc:
+        pytest.skip(f"this engine does not run qwen35 yet ({exc})")
+    shape = prefix_cache.StateShape.of(d)
+    c = qwen35_tiny.TINY
+    assert shape == prefix_cache.StateShape(n_layer=1, kv_dim=c["n_head_kv"] * c["head_dim"], n_ctx=32,
+                                            recurrent=3 * qwen35_tiny.state_floats(c))
+    ids = np.array([3, 17, 5, 30, 2, 11, 39, 0, 8, 21, 13], np.int32)
+    d.reset()
+    whole = d.forward(ids, all_logits=True)[7:]
+    d.reset()
+    d.forward(ids[:7])
+    snap = d.snapshot()
+    assert snap.n_recurrent == shape.recurrent and np.any(snap.arrays()[2] != 0)
+    path = tmp_path / "hybrid.evkv"
+    prefix_cache.save(path, KEY, ids[:7].tolist(), snap)
+    token_ids, loaded = prefix_cache.load(path, KEY, shape)
+    assert token_ids == ids[:7].tolist()
+
+    def continued(s: Any) -> np.ndarray:
+        d.restore(s)
+        return d.forward(ids[7:], all_logits=True)
+
+    from_memory, from_file = continued(snap), continued(loaded)
+    np.testing.assert_array_equal(from_file, from_memory)
+    np.testing.assert_allclose(from_file, whole, rtol=1e-4, atol=1e-5)
+    k, v, rec = loaded.arrays()
+    without = continued(_engine.KVSnapshot.from_arrays(k, v, np.zeros_like(rec)))
+    assert np.abs(without - from_file).max() > 1e-3  # the recurrent part carries the prefix
