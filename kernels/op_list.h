@@ -21,7 +21,12 @@
     X(rmsnorm, RmsNormFn)       \
     X(layernorm, LayerNormFn)   \
     X(rope, RopeFn)             \
-    X(add, AddFn)
+    X(add, AddFn)               \
+    X(causal_conv1d, CausalConv1dFn) \
+    X(delta_rule, DeltaRuleFn)  \
+    X(l2norm, L2NormFn)         \
+    X(rmsnorm_gated, RmsNormGatedFn) \
+    X(sigmoid_mul, SigmoidMulFn)
 
 // X(name): a CPU feature, named as the table's features column names it; a field `bool name` of
 // CpuFeatures, set by probe_cpu_features() (optable.cpp: the detection is code, one line per

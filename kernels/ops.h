@@ -79,6 +79,33 @@ using RopeFn = void (*)(float* x, int64_t n_heads, int64_t head_dim, int64_t rop
 // a += b. The same signature as SiluMulFn: the registry names the operator of every variant.
 using AddFn = void (*)(float* a, const float* b, int64_t n);
 
+// Qwen3.5's Gated DeltaNet (Yang et al. 2024, "Gated Delta Networks"; kernels/deltanet/).
+// Depthwise causal conv1d with SiLU over n_tokens rows of `channels` values (x_stride / y_stride
+// floats between rows): y[t][c] = silu(sum_j w[j][c] * in[t + j][c]), j < K, over in = state ++ x.
+// w is [K][channels], time-major (the file's [channels][K] transposed at load); state is
+// [K-1][channels], oldest first, and is left holding the last K-1 inputs of in. n_tokens = 1 is the
+// decode step; a prompt split into calls gives the same y as one call. y may be x (same stride):
+// each x[t][c] is read before y[t][c] is written.
+using CausalConv1dFn = void (*)(const float* x, int64_t x_stride, int64_t n_tokens, int64_t channels, const float* w,
+                                int64_t K, float* state, float* y, int64_t y_stride);
+// One head of the gated delta rule over n_tokens tokens. S is the head's state, [dk][dv] row-major,
+// updated in place. Token t reads q, k at t * qk_stride (dk floats each: L2-normalised, q already
+// times dk^-1/2), v at t * v_stride (dv floats), the log-decay g and the write strength beta at
+// t * gb_stride, and writes out at t * out_stride (dv floats). Per token:
+//   S *= exp(g); kv = S^T k; delta = (v - kv) * beta; S += k delta^T; out = S^T q.
+// The recurrent variants do exactly that per token, so a prompt split into calls gives bit-equal
+// outputs and state; the chunked ones (`*_chunk64`) do it 64 tokens at a time in matrix form (as
+// transformers' torch_chunk_gated_delta_rule) and agree within a rounding bound (the tests).
+using DeltaRuleFn = void (*)(float* S, const float* q, const float* k, int64_t qk_stride, const float* v,
+                             int64_t v_stride, const float* g, const float* beta, int64_t gb_stride, int64_t n_tokens,
+                             int64_t dk, int64_t dv, float* out, int64_t out_stride);
+// y = x * rsqrt(sum x^2 + eps) (the FLA library's l2norm: eps inside the root). y may be x.
+using L2NormFn = void (*)(const float* x, float* y, int64_t n, float eps);
+// y = rmsnorm(x) * w * silu(z) (Qwen3_5RMSNormGated, over one value head). y may be x.
+using RmsNormGatedFn = void (*)(const float* x, const float* w, const float* z, float* y, int64_t n, float eps);
+// x *= sigmoid(g) (the gated full attention's output gate).
+using SigmoidMulFn = void (*)(float* x, const float* g, int64_t n);
+
 // The operators of EVK_OPS (op_list.h), chosen once per process by the operator table's rules
 // (choose()): for each, its function and the name of the variant that fills the slot. Matrix
 // products are chosen per weight (format, phase, shape) by choose_matmul().

@@ -69,6 +69,97 @@ void run_variant(const char* kind, const std::string& op, const std::string& var
     throw py::value_error("unknown " + std::string(kind) + " '" + op + "' (" + served + ")");
 }
 
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// The Gated DeltaNet operators (kernels/deltanet/) by a named variant ('ref', 'best' or a variant
+// name), on copies of their inputs: the state they update comes back beside the output.
+void register_deltanet_bindings(py::module_& m) {
+    // x (n, width >= channels) rows, w (K, channels), state (K - 1, channels); in_place: y written
+    // over a copy of x (same stride), as the decoder may run it. Returns (y (n, channels), state).
+    m.def("kernel_causal_conv1d", [](const std::string& variant, FloatArray x, FloatArray w, FloatArray state,
+                                     bool in_place) {
+        if (w.ndim() != 2 || w.shape(0) < 1 || w.shape(1) < 1) throw py::value_error("w must be (K, channels)");
+        const int64_t K = w.shape(0), ch = w.shape(1);
+        if (x.ndim() != 2 || x.shape(1) < ch) throw py::value_error("x must be (n, width >= channels)");
+        if (state.ndim() != 2 || state.shape(0) != K - 1 || state.shape(1) != ch)
+            throw py::value_error("state must be (K - 1, channels)");
+        const int64_t n = x.shape(0), xs = x.shape(1);
+        py::array_t<float> xbuf({n, xs});
+        std::memcpy(xbuf.mutable_data(), x.data(), static_cast<size_t>(x.size()) * sizeof(float));
+        py::array_t<float> y({n, ch});
+        py::array_t<float> st({K - 1, ch});
+        std::memcpy(st.mutable_data(), state.data(), static_cast<size_t>(state.size()) * sizeof(float));
+        run_variant("conv operator", "causal_conv1d", variant, [&](evk::CausalConv1dFn fn) {
+            float* xb = xbuf.mutable_data();
+            float* yp = in_place ? xb : y.mutable_data();
+            const float* wp = w.data();
+            float* sp = st.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                fn(xb, xs, n, ch, wp, K, sp, yp, in_place ? xs : ch);
+            }
+            if (in_place)
+                for (int64_t t = 0; t < n; ++t) std::memcpy(y.mutable_data() + t * ch, xb + t * xs, static_cast<size_t>(ch) * sizeof(float));
+        });
+        return py::make_tuple(y, st);
+    }, py::arg("variant"), py::arg("x"), py::arg("w"), py::arg("state"), py::arg("in_place") = false);
+
+    // One head: S (dk, dv); q, k (n, width >= dk) rows (dk defaults to S's), v (n, dv), g, beta (n,).
+    // Returns (out (n, dv), S after the n tokens).
+    m.def("kernel_delta_rule", [](const std::string& variant, FloatArray S, FloatArray q, FloatArray k, FloatArray v,
+                                  FloatArray g, FloatArray beta) {
+        if (S.ndim() != 2 || S.shape(0) < 1 || S.shape(1) < 1) throw py::value_error("S must be (dk, dv)");
+        const int64_t dk = S.shape(0), dv = S.shape(1);
+        if (q.ndim() != 2 || k.ndim() != 2 || q.shape(0) != k.shape(0) || q.shape(1) != k.shape(1) || q.shape(1) < dk)
+            throw py::value_error("q and k must be (n, width >= dk), the same shape");
+        const int64_t n = q.shape(0), qs = q.shape(1);
+        if (v.ndim() != 2 || v.shape(0) != n || v.shape(1) != dv) throw py::value_error("v must be (n, dv)");
+        if (g.ndim() != 1 || beta.ndim() != 1 || g.shape(0) != n || beta.shape(0) != n)
+            throw py::value_error("g and beta must be (n,)");
+        py::array_t<float> out({n, dv});
+        py::array_t<float> st({dk, dv});
+        std::memcpy(st.mutable_data(), S.data(), static_cast<size_t>(S.size()) * sizeof(float));
+        run_variant("delta rule operator", "delta_rule", variant, [&](evk::DeltaRuleFn fn) {
+            float* sp = st.mutable_data();
+            float* op = out.mutable_data();
+            const float *qp = q.data(), *kp = k.data(), *vp = v.data(), *gp = g.data(), *bp = beta.data();
+            py::gil_scoped_release nogil;
+            fn(sp, qp, kp, qs, vp, dv, gp, bp, 1, n, dk, dv, op, dv);
+        });
+        return py::make_tuple(out, st);
+    }, py::arg("variant"), py::arg("S"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"));
+
+    // l2norm of each row of x (2-D, or 1-D: one row).
+    m.def("kernel_l2norm", [](const std::string& variant, FloatArray x, float eps) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const int64_t cols = x.shape(x.ndim() - 1), rows = x.size() / cols;
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        run_variant("l2norm operator", "l2norm", variant, [&](evk::L2NormFn fn) {
+            const float* xp = x.data();
+            float* y = out.mutable_data();
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, y + r * cols, cols, eps);
+        });
+        return out;
+    }, py::arg("variant"), py::arg("x"), py::arg("eps") = 1e-6f);
+
+    // rmsnorm_gated of each row of x (2-D, or 1-D: one row): w as long as a row, z the shape of x.
+    m.def("kernel_rmsnorm_gated", [](const std::string& variant, FloatArray x, FloatArray w, FloatArray z, float eps) {
+        if (x.ndim() < 1 || x.ndim() > 2 || x.size() < 1) throw py::value_error("x must be a non-empty 1-D or 2-D array");
+        const int64_t cols = x.shape(x.ndim() - 1), rows = x.size() / cols;
+        if (w.ndim() != 1 || w.shape(0) != cols) throw py::value_error("w must be 1-D, as long as a row of x");
+        if (z.size() != x.size()) throw py::value_error("z must have as many elements as x");
+        py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+        run_variant("gated norm operator", "rmsnorm_gated", variant, [&](evk::RmsNormGatedFn fn) {
+            const float *xp = x.data(), *wp = w.data(), *zp = z.data();
+            float* y = out.mutable_data();
+            py::gil_scoped_release nogil;
+            for (int64_t r = 0; r < rows; ++r) fn(xp + r * cols, wp, zp + r * cols, y + r * cols, cols, eps);
+        });
+        return out;
+    }, py::arg("variant"), py::arg("x"), py::arg("w"), py::arg("z"), py::arg("eps") = 1e-6f);
+}
+
 }  // namespace
 
 void register_kernel_bindings(py::module_& m) {
@@ -309,6 +400,8 @@ void register_kernel_bindings(py::module_& m) {
         return out;
     }, py::arg("variant"), py::arg("x"), py::arg("n_heads"), py::arg("head_dim"), py::arg("rope_dims"), py::arg("cs"),
        py::arg("neox") = false);
+
+    register_deltanet_bindings(m);
 
     m.def("rope_angles", [](float pos, float theta_base, int64_t rope_dims) {
         if (rope_dims < 0) throw py::value_error("rope_dims must be >= 0");

@@ -144,7 +144,7 @@ def test_an_unknown_architecture_is_not_supported_and_not_a_bad_file(tmp_path: P
         w.close()
         with pytest.raises(_engine.UnsupportedModelError,
                            match=rf"general.architecture: '{arch}' is not supported as a text decoder "
-                                 r"\(supported: llama, gemma3\)") as info:
+                                 r"\(supported: llama, gemma3, qwen35\)") as info:
             _engine.Decoder(_engine.GGUFFile(str(path)))
         assert "bad GGUF file" not in str(info.value) and isinstance(info.value, ValueError)
     with pytest.raises(_engine.UnsupportedModelError, match="'gemma9' is not an mmproj"):

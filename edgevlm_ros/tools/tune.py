@@ -175,7 +175,24 @@ def elementwise_ops() -> tuple[str, ...]:
 
 ELEMENTWISE_SHAPE = (64, 1024)
 GATES = ("silu_mul", "gelu_mul")  # a = f(a) * b: x and b
+# The Gated DeltaNet operators are timed on Qwen3.5's shapes: causal_conv1d over the rows of
+# ELEMENTWISE_SHAPE as tokens (kernel width CONV_K), delta_rule on one head of DELTA_DIM^2 state over
+# DELTA_TOKENS tokens (a prefill chunk; decode is the same per-token work).
+CONV_K, DELTA_DIM, DELTA_TOKENS = 4, 128, 64
 ROPE_HEAD_DIM = 64  # rope: each row of ELEMENTWISE_SHAPE as heads of this size, all dims rotated
+
+
+def delta_rule_inputs(rng: np.random.Generator, n: int, dk: int, dv: int) -> tuple[np.ndarray, ...]:
+    """(S, q, k, v, g, beta) of one delta-rule head as the qwen35 block hands them over: q and k
+    L2-normalised (q times dk^-1/2), g a log-decay <= 0, beta in (0, 1)."""
+    q, k = rng.normal(size=(2, n, dk)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    q /= np.linalg.norm(q, axis=1, keepdims=True) * np.float32(np.sqrt(dk))
+    v = rng.normal(size=(n, dv)).astype(np.float32)
+    g = (-np.exp(rng.normal(-1.0, 1.0, n))).astype(np.float32)
+    beta = (1.0 / (1.0 + np.exp(-rng.normal(size=n)))).astype(np.float32)
+    S = rng.normal(0.0, 0.1, (dk, dv)).astype(np.float32)
+    return S, q, k, v, g, beta
 
 
 def op_candidates(op: str) -> list[str]:
@@ -283,6 +300,9 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
     w_row, b_row = b[0].copy(), b[1].copy()
     cs = _engine.rope_angles(100.0, 10000.0, ROPE_HEAD_DIM)
     rope_heads = ELEMENTWISE_SHAPE[1] // ROPE_HEAD_DIM
+    conv_w = rng.normal(size=(CONV_K, ELEMENTWISE_SHAPE[1])).astype(np.float32)
+    conv_state = rng.normal(size=(CONV_K - 1, ELEMENTWISE_SHAPE[1])).astype(np.float32)
+    delta_args = delta_rule_inputs(rng, DELTA_TOKENS, DELTA_DIM, DELTA_DIM)
     calls = 5 if cfg.quick else 50
     for op in elementwise_ops():
         names = op_candidates(op)
@@ -294,8 +314,16 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
                 for _ in range(calls):
                     if op == "softmax":
                         _engine.kernel_elementwise(op, name, x, scale=0.125)
-                    elif op in GATES or op == "add":
+                    elif op in GATES or op in ("add", "sigmoid_mul"):
                         _engine.kernel_elementwise(op, name, x, b)
+                    elif op == "l2norm":
+                        _engine.kernel_l2norm(name, x)
+                    elif op == "rmsnorm_gated":
+                        _engine.kernel_rmsnorm_gated(name, x, w_row, b)
+                    elif op == "causal_conv1d":
+                        _engine.kernel_causal_conv1d(name, x, conv_w, conv_state)
+                    elif op == "delta_rule":
+                        _engine.kernel_delta_rule(name, *delta_args)
                     elif op == "rmsnorm":
                         _engine.kernel_norm(op, name, x, w_row, eps=1e-5)
                     elif op == "layernorm":

@@ -22,7 +22,8 @@ public:
 // (make_llama in llama.cpp) and builds the architecture's blocks, reading its own keys and weights.
 #define EVN_DECODER_ARCHS(X) \
     X("llama", make_llama)     \
-    X("gemma3", make_gemma3)
+    X("gemma3", make_gemma3)   \
+    X("qwen35", make_qwen35)
 
 // Reads the family's keys and weights; may set cfg's family fields (DecoderConfig).
 using DecoderFactory = std::unique_ptr<DecoderArch> (*)(DecoderConfig& cfg, const DecoderLoader& load);
