@@ -187,8 +187,9 @@ def _copy_from_sdist(src: Path, members: list[str], dest: Path) -> None:
 
 def llama_cpp_files() -> Path:
     """A private copy of what the fixtures use from llama.cpp's sdist: convert_hf_to_gguf.py, conversion/,
-    gguf-py/ and the Qwen3.5 chat template."""
-    members = ["convert_hf_to_gguf.py", "conversion", "gguf-py/gguf", "models/templates/Qwen3.5-4B.jinja"]
+    gguf-py/, the Qwen3.5 chat template and llama.cpp's qwen35 tokenizer test data."""
+    members = ["convert_hf_to_gguf.py", "conversion", "gguf-py/gguf", "models/templates/Qwen3.5-4B.jinja",
+               *(f"models/ggml-vocab-qwen35.gguf{ext}" for ext in ("", ".inp", ".out"))]
     out = cache_root() / f"llama-cpp-{LLAMA_CPP_VERSION}"
     return _build_once(out, {"version": LLAMA_CPP_VERSION, "members": members},
                        lambda tmp: _copy_from_sdist(_sdist_source(), members, tmp))

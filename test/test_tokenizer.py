@@ -891,3 +891,163 @@ def test_autotokenizer_is_the_same_tokenizer(gemma_hf: Any) -> None:
     auto = transformers.AutoTokenizer.from_pretrained(str(GEMMA_PATH.parent), gguf_file=GEMMA_PATH.name)
     assert type(auto) is type(gemma_hf)
     assert auto.backend_tokenizer.to_str() == gemma_hf.backend_tokenizer.to_str()
+
+
+# --- Qwen3.5 (tokenizer.ggml.pre = "qwen35"): byte-level BPE over 248k tokens ---------------
+#
+# The file is llama.cpp's own conversion of the random Qwen3.5 fixture (test/qwen35_fixtures.py:
+# Qwen3.5's real vocabulary, merges, added tokens and chat template); the reference is transformers'
+# Qwen3_5Tokenizer of the same checkpoint. Where llama.cpp parts from it (it skips the NFC
+# normalizer of Qwen's tokenizer.json), we follow the model's tokenizer.
+
+import qwen35_fixtures as qf  # noqa: E402
+from tokenizer_cases import QWEN35_CASES  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def qwen_gguf() -> Path:
+    return qf.cached_qwen35_llama_cpp_gguf(layers=4)
+
+
+@pytest.fixture(scope="module")
+def qwen_meta(qwen_gguf: Path) -> Meta:
+    from edgevlm_ros import _engine
+
+    return _engine.GGUFFile(str(qwen_gguf)).metadata()
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_meta: Meta) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(qwen_meta)
+
+
+@pytest.fixture(scope="module")
+def qwen_hf() -> Any:
+    return qf.load_hf_tokenizer(qf.cached_qwen35(layers=4))
+
+
+@pytest.fixture(scope="module")
+def qwen_cases(qwen_meta: Meta) -> list[str]:
+    template = qwen_meta["tokenizer.chat_template"]
+    chats = [render_chat(template, conv, add_generation_prompt=gen) for conv in CHAT_CONVERSATIONS
+             for gen in (True, False)]
+    return [*text_cases(), *QWEN35_CASES, *chats]
+
+
+def _hf_ids(hf: Any) -> Callable[[str], list[int]]:
+    return lambda text: hf(text, add_special_tokens=False)["input_ids"]
+
+
+def test_qwen35_metadata_is_what_we_expect(qwen_meta: Meta, qwen: Tokenizer) -> None:
+    assert (qwen_meta["tokenizer.ggml.model"], qwen_meta["tokenizer.ggml.pre"]) == ("gpt2", "qwen35")
+    assert qwen.vocab_size == qf.VOCAB_ROWS  # 248,077 tokens padded to the embedding's rows
+    assert qwen.eos_id == qf.IM_END_ID and qwen.bos_id is None
+    assert qwen.eot_ids == frozenset({qf.EOS_ID, qf.IM_END_ID})  # <|endoftext|>, <|im_end|>
+    assert qwen.token_type(qf.IM_START_ID) == 3 and qwen.token_type(qwen.token_to_id("<think>")) == 4
+
+
+def test_qwen35_case_set_is_large_and_varied(qwen: Tokenizer, qwen_cases: list[str]) -> None:
+    assert len(qwen_cases) >= 300
+    encoded = [qwen.encode(c) for c in qwen_cases]
+    uses = {
+        "control tokens": sum(any(qwen.token_type(i) == 3 for i in ids) for ids in encoded),
+        "user-defined tokens": sum(any(qwen.token_type(i) == 4 for i in ids) for ids in encoded),
+        "not NFC": sum(unicodedata.normalize("NFC", c) != c for c in qwen_cases),
+        "combining marks": sum(any(unicodedata.category(ch).startswith("M") for ch in c) for c in qwen_cases),
+        "CJK": sum(any("\u4e00" <= ch <= "\u9fff" for ch in c) for c in qwen_cases),
+        "digits": sum(map(_has_number, qwen_cases)),
+    }
+    assert min(uses.values()) >= 5, uses
+
+
+def test_qwen35_encode_matches_transformers(qwen: Tokenizer, qwen_hf: Any, qwen_cases: list[str]) -> None:
+    bad = _mismatches(qwen_cases, qwen.encode, _hf_ids(qwen_hf))
+    assert not bad, f"{len(bad)} of {len(qwen_cases)} strings differ:\n" + "\n".join(bad[:20])
+
+
+def test_qwen35_without_nfc_or_marks_differs(qwen_meta: Meta, qwen: Tokenizer, qwen_hf: Any) -> None:
+    """The two things qwen35 adds to plain byte level are both needed (each check can fail)."""
+    ref = _hf_ids(qwen_hf)
+    nfd = "Cafe\u0301 re\u0301sume\u0301"
+    assert qwen.encode(nfd) == ref(nfd) == qwen.encode(unicodedata.normalize("NFC", nfd))
+    marks = "x\u0301y\u0323\u0302"  # no composed forms: only the regex keeps them with their letters
+    assert qwen.encode(marks) == ref(marks)
+    plain = Tokenizer.from_gguf_metadata({**qwen_meta, "tokenizer.ggml.pre": "gpt2"})
+    assert plain.encode(nfd) != ref(nfd) and plain.encode(marks) != ref(marks)
+
+
+def test_qwen35_decode_matches_transformers(qwen: Tokenizer, qwen_hf: Any, qwen_cases: list[str]) -> None:
+    """Decoding equals transformers', and so does skipping special tokens, except for the tokens that
+    look special (`<|...|>`) but Qwen's tokenizer_config marks ordinary (FIM, repo markers): llama.cpp's
+    converter stores those as control tokens, and we read the file."""
+    backend = qwen_hf.backend_tokenizer
+    promoted = {i for i, t in qwen_hf.added_tokens_decoder.items() if not t.special and qwen.token_type(i) == 3}
+    assert {qwen.id_to_token(i) for i in promoted} == {"<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                                                       "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
+    for skip in (False, True):
+        bad = [c[:60] for c in qwen_cases
+               if qwen.decode(ids := qwen.encode(c), skip_special=skip) != backend.decode(ids, skip_special_tokens=skip)
+               and not (skip and promoted & set(ids))]
+        assert not bad, (skip, bad[:20])
+    assert qwen.decode(qwen.encode("<|repo_name|>edgevlm<|file_sep|>a.py"), skip_special=True) == "edgevlma.py"
+    ids = qwen.encode("<|im_start|>assistant\n<think>\nok\n</think>\n\nA cup.<|im_end|>")
+    assert qwen.decode(ids, skip_special=True) == "assistant\n<think>\nok\n</think>\n\nA cup."
+
+
+@pytest.mark.parametrize("conv", range(len(CHAT_CONVERSATIONS)))
+def test_qwen35_chat_template_matches_transformers(qwen_meta: Meta, qwen: Tokenizer, qwen_hf: Any, conv: int) -> None:
+    template = qwen_meta["tokenizer.chat_template"]
+    assert template == qf.chat_template()  # the file carries Qwen3.5's template
+    messages = CHAT_CONVERSATIONS[conv]
+    for gen in (True, False):
+        ours = render_chat(template, messages, add_generation_prompt=gen)
+        assert ours == qwen_hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+        hf_ids = qwen_hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=gen, return_dict=False)
+        assert qwen.encode(ours) == list(hf_ids)
+    assert render_chat(template, messages, add_generation_prompt=True).endswith("<|im_start|>assistant\n<think>\n")
+
+
+def test_qwen35_equals_qwens_tiktoken_tokenizer(qwen: Tokenizer, qwen_cases: list[str]) -> None:
+    """Qwen's own encoder (tiktoken on the same ranks and regex, after NFC) agrees except where a
+    piece is exactly one of the whole-phrase tokens merging never builds (qwen35_fixtures.UNREACHABLE):
+    tiktoken looks a piece up whole before merging, a merge-list BPE (transformers, llama.cpp, ours)
+    does not."""
+    enc = qf.tiktoken_encoding()
+    differ = [c for c in qwen_cases if qwen.encode(c) != qf.encode_with_tiktoken(enc, c)]
+    phrases = [c for c in QWEN35_CASES if any(p in c for p in ("人力资源", "俱乐部", "新加坡"))]
+    assert set(differ) <= set(phrases), differ
+    assert qwen.encode("人力资源") != qf.encode_with_tiktoken(enc, "人力资源") == [99655]
+    assert qwen.encode("人力资源") == [108583, 96852]  # 人力 + 资源
+
+
+@pytest.mark.skipif(_llama_cpp is None, reason="llama-cpp-python is the optional bench extra (not installed)")
+def test_qwen35_encode_matches_llama_cpp_on_nfc_text(qwen: Tokenizer, qwen_gguf: Path, qwen_cases: list[str]) -> None:
+    llama = _llama_cpp.Llama(str(qwen_gguf), vocab_only=True, verbose=False)
+
+    def theirs(text: str) -> list[int]:
+        return llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    nfc = [c for c in qwen_cases if unicodedata.normalize("NFC", c) == c]
+    assert len(nfc) >= 300
+    bad = _mismatches(nfc, qwen.encode, theirs)
+    assert not bad, f"{len(bad)} of {len(nfc)} strings differ:\n" + "\n".join(bad[:20])
+    nfd = "Cafe\u0301"
+    assert theirs(nfd) != qwen.encode(nfd)  # llama.cpp skips Qwen's NFC normalizer
+
+
+def test_qwen35_matches_llama_cpps_own_vocab_test() -> None:
+    """llama.cpp's tokenizer test data for qwen35 (models/ggml-vocab-qwen35.gguf, a Qwen2-sized
+    vocabulary with the qwen35 pre type, and its .inp/.out strings and ids)."""
+    from edgevlm_ros import _engine
+
+    folder = qf.llama_cpp_files() / "models"
+    tok = Tokenizer.from_gguf_metadata(_engine.GGUFFile(str(folder / "ggml-vocab-qwen35.gguf")).metadata())
+    # Each text ends with "\n__ggml_vocab_test__\n"; one line of ids per text.
+    texts = (folder / "ggml-vocab-qwen35.gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    expected = (folder / "ggml-vocab-qwen35.gguf.out").read_text(encoding="utf-8").split("\n")
+    assert texts[-1] == expected[-1] == "" and len(texts) == len(expected) >= 40
+    nfc = [(t, [int(x) for x in e.split()]) for t, e in zip(texts[:-1], expected[:-1], strict=True)
+           if unicodedata.normalize("NFC", t) == t]
+    assert len(nfc) >= 40
+    bad = [f"{t!r}: ours {tok.encode(t)} vs llama.cpp {e}" for t, e in nfc if tok.encode(t) != e]
+    assert not bad, "\n".join(bad)

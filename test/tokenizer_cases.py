@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["CHAT_CONVERSATIONS", "GENERATED_SEED", "HAND_WRITTEN", "text_cases"]
+__all__ = ["CHAT_CONVERSATIONS", "GENERATED_SEED", "HAND_WRITTEN", "QWEN35_CASES", "text_cases"]
 
 # Fixed so that every run (and every machine) tests the same strings.
 GENERATED_SEED = 20261129
@@ -348,3 +348,42 @@ CHAT_CONVERSATIONS: list[list[dict[str, str]]] = [
         {"role": "user", "content": "مرحبا 世界 Привет"},
     ],
 ]
+
+# What Qwen3.5's split regex and vocabulary make special: contractions in any case (the regex's
+# `(?i:...)`), combining marks inside letter runs (`[\p{L}\p{M}]+`: Indic, Thai, Hebrew points,
+# decomposed Latin accents, which NFC composes first where a composed form exists), one digit per
+# piece, punctuation runs that swallow their trailing newlines, \r\n runs, and its added tokens
+# (control ones such as <|vision_start|>, user-defined ones such as <think> and <tool_call>).
+QWEN35_CASES: list[str] = [
+    "I'VE I'Ve i'VE 'S 'T 'RE 'LL 'D 'M don'T it'S",
+    "x\u0301y\u0323\u0302 q\u0307 (marks without a composed form)",
+    "Cafe\u0301 re\u0301sume\u0301 A\u030a n\u0303 (NFD; NFC composes them)",
+    "Ω Å K (Ohm, Angstrom, Kelvin signs: NFC maps them to Ω Å K)",
+    "\ufb01 \u2460 \uff21 (compatibility forms NFC keeps)",
+    "नमस्ते दुनिया, क्षत्रिय, ज्ञान",
+    "ภาษาไทย กำลัง น้ำ",
+    "שָׁלוֹם עוֹלָם",
+    "한국어 ㄱㅏ 가",
+    "Tiếng Việt: người, được, những",
+    "12345678901234567890",
+    "3.14 + 2.71 = 5.85; 1/3 ≈ 0.333",
+    "!!!\n\n??? ...\r\n--- ;;;\n\t",
+    "a\r\n\r\nb\r\rc\n\r\n",
+    "word   \n   word\t\t\nx",
+    "<|vision_start|><|image_pad|><|vision_end|>Describe this image.",
+    "<|vision_start|><|video_pad|><|vision_end|>",
+    "<think>\nThe robot sees a cup.\n</think>\n\nA cup.",
+    "<tool_call>\n{\"name\": \"grasp\", \"arguments\": {\"x\": 0.3}}\n</tool_call>",
+    "<tool_response>ok</tool_response>",
+    "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>",
+    "<|repo_name|>edgevlm<|file_sep|>tokenizer.py",
+    "<|object_ref_start|>cup<|object_ref_end|><|box_start|>(10,20),(30,40)<|box_end|>",
+    "<|audio_start|><|audio_pad|><|audio_end|><tts_pad><tts_text_bos>hi<tts_text_eod>",
+    "<thinking> <think > </ think> <|vision_start> <|IMAGE_PAD|>",
+    "<|im_start|>user\n<|im_end|><|endoftext|>",
+    "人力资源和社会保障部 俱乐部 毛泽东思想 各种各样的 (whole-phrase tokens)",
+    "人力资源",
+    " 人力资源",
+    "新加坡、加拿大和阿拉伯",
+]
+

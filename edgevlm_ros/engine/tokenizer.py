@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers.models import BPE
 
@@ -95,6 +95,27 @@ def _plain_bytelevel() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
+# Qwen3.5's split (the `Split` pattern of its tokenizer.json; llama.cpp's qwen35 regex):
+# contractions, a letter run (combining marks, \p{M}, stay inside it) with at most one leading
+# non-letter, every digit alone, punctuation runs with their trailing newlines, newline runs, spaces.
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _split_then_bytelevel(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
+    def make() -> pre_tokenizers.PreTokenizer:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+
+    return make
+
+
 # `tokenizer.ggml.pre` -> pre-tokenizer. The digit group is the set llama.cpp gives
 # the regexes {"\p{N}", GPT-2}; the published SmolLM2 tokenizer.json agrees for
 # "smollm". "default" is what old converters wrote (and what a missing key means);
@@ -116,7 +137,14 @@ _PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
         _digits_then_bytelevel,
     ),
     **dict.fromkeys(("gpt2", "gpt-2", "default"), _plain_bytelevel),
+    "qwen35": _split_then_bytelevel(_QWEN35_SPLIT),
 }
+
+# Pre types whose published tokenizers compose text to NFC before splitting (Qwen3.5's
+# tokenizer.json has an NFC normalizer; Qwen's own tiktoken tokenizer normalizes too).
+# llama.cpp does not normalize, so on decomposed text (e.g. "e" + U+0301) its ids differ
+# from the model's tokenizer; we follow the model's.
+_NFC_PRE = frozenset({"qwen35"})
 
 
 _BPE = "gpt2"  # byte-level BPE
@@ -330,6 +358,9 @@ def _bpe_backend(vocab: _Vocab, ids: dict[str, int]) -> _HFTokenizer:
         raise ValueError(f"GGUF BPE vocabulary/merges are inconsistent: {exc}") from exc
     backend = _HFTokenizer(model)
     backend.pre_tokenizer = _PRE_TOKENIZERS[vocab.pre]()
+    if vocab.pre in _NFC_PRE:
+        # Runs on the text between matched tokens only (they are added unnormalized).
+        backend.normalizer = normalizers.NFC()
     return backend
 
 
