@@ -391,9 +391,12 @@ def test_seeds_are_small_and_the_valid_ones_build_models() -> None:
     # The model seeds stay useful only while they pass the model checks: a seed the loaders
     # refuse would leave the model-building code unreached by every mutation.
     for name, n_layer in (("llama_tiny.gguf", 2), ("llama_tiny_tied_linear_rope.gguf", 2),
-                          ("llama_tiny_q2k_q3k_q4k.gguf", 3), ("llama_tiny_q5k_q6k.gguf", 2)):
+                          ("llama_tiny_q2k_q3k_q4k.gguf", 3), ("llama_tiny_q5k_q6k.gguf", 2),
+                          ("qwen35_tiny.gguf", 4), ("qwen35_tiny_untied_layer_list.gguf", 4)):
         m = _engine.Decoder(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1, n_ctx=8)
         assert m.config["n_layer"] == n_layer
+        if name.startswith("qwen35"):  # 3 Gated DeltaNet layers of 448 floats of state, 1 attention layer
+            assert m.state_shape["recurrent"] == 3 * 448 and m.state_shape["n_layer"] == 1
     for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
         _engine.VisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
     for p in _seed_files("prefix_cache"):
@@ -502,6 +505,10 @@ QWEN35_BAD_KEYS: dict[str, dict[str, object]] = {
     # A state of 4 x 2^20 x 2^20 floats (16 TiB) per linear layer, or 2^24 value heads of 8 x 8.
     "state_size_2^20": {"ssm.state_size": 1 << 20},
     "value_heads_2^24": {"ssm.time_step_rank": 1 << 24, "ssm.inner_size": 8 << 24},
+    # Each key within any bound a loader may set, together 64 heads of 4096 x 4096 (4 GiB) a layer:
+    # only the tensors (sized for the tiny model) tell that the promise is false.
+    "state_of_4_gib_a_layer": {"ssm.state_size": 4096, "ssm.group_count": 64, "ssm.time_step_rank": 64,
+                               "ssm.inner_size": 4096 * 64},
     "conv_kernel_2^31": {"ssm.conv_kernel": 1 << 31},
     "conv_kernel_0": {"ssm.conv_kernel": 0},
     "conv_kernel_3_for_a_width_4_kernel": {"ssm.conv_kernel": 3},
