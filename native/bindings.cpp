@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "bindings_kernels.h"
 #include "gguf.h"
@@ -168,28 +169,35 @@ PYBIND11_MODULE(_engine, m) {
         .def_readonly("n_layer", &KVSnapshot::n_layer)
         .def_readonly("kv_dim", &KVSnapshot::kv_dim)
         .def_property_readonly("nbytes", [](const KVSnapshot& s) { return (s.k.size() + s.v.size() + s.recurrent.size()) * sizeof(float); })
+        .def_property_readonly("n_recurrent", [](const KVSnapshot& s) { return s.recurrent.size(); })
         .def("arrays", [](const KVSnapshot& s) {
-            auto copy = [&](const std::vector<float>& src) {
-                py::array_t<float> a({s.n_layer, s.n_past, s.kv_dim});
-                std::memcpy(a.mutable_data(), src.data(), src.size() * sizeof(float));
-                return a;
+            py::array_t<float> k({s.n_layer, s.n_past, s.kv_dim}), v({s.n_layer, s.n_past, s.kv_dim});
+            py::array_t<float> rec(static_cast<py::ssize_t>(s.recurrent.size()));
+            auto copy = [](py::array_t<float>& dst, const std::vector<float>& src) {
+                if (!src.empty()) std::memcpy(dst.mutable_data(), src.data(), src.size() * sizeof(float));  // never memcpy(nullptr)
             };
-            // Prefix-cache files (format 1) hold K and V only: a state they cannot hold is refused, not cut.
-            if (!s.recurrent.empty()) throw py::value_error("the snapshot holds recurrent state, which arrays() does not carry");
-            return py::make_tuple(copy(s.k), copy(s.v));
-        }, "Copies of the cached keys and values, each (n_layer, n_past, kv_dim) float32.")
+            copy(k, s.k);
+            copy(v, s.v);
+            copy(rec, s.recurrent);
+            return py::make_tuple(k, v, rec);
+        }, "Copies of the cached keys and values, each (n_layer, n_past, kv_dim) float32, and of the recurrent "
+           "state (n_recurrent floats, layer after layer in the blocks' own layout; empty without recurrent layers).")
         .def_static("from_arrays", [](py::array_t<float, py::array::c_style | py::array::forcecast> k,
-                                      py::array_t<float, py::array::c_style | py::array::forcecast> v) {
+                                      py::array_t<float, py::array::c_style | py::array::forcecast> v,
+                                      std::optional<py::array_t<float, py::array::c_style | py::array::forcecast>> rec) {
             if (k.ndim() != 3 || v.ndim() != 3 || k.shape(0) != v.shape(0) || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2))
                 throw py::value_error("k and v must both have shape (n_layer, n_past, kv_dim)");
+            if (rec && rec->ndim() != 1) throw py::value_error("recurrent must be one-dimensional");
             auto s = std::make_shared<KVSnapshot>();
             s->n_layer = k.shape(0);
             s->n_past = k.shape(1);
             s->kv_dim = k.shape(2);
             s->k.assign(k.data(), k.data() + k.size());
             s->v.assign(v.data(), v.data() + v.size());
+            if (rec) s->recurrent.assign(rec->data(), rec->data() + rec->size());
             return s;
-        }, py::arg("k"), py::arg("v"), "A snapshot from arrays (a prefix-cache file); restore() checks it fits the model.");
+        }, py::arg("k"), py::arg("v"), py::arg("recurrent") = py::none(),
+           "A snapshot from arrays (a prefix-cache file); restore() checks it fits the model.");
 
     // What one request prefills (Decoder.generate): the suffix ids, the image features and the
     // positions they take, and the fixed-prefix state it starts from (None: an empty sequence).
@@ -226,6 +234,19 @@ PYBIND11_MODULE(_engine, m) {
             return d;
         })
         .def_property_readonly("n_ctx", &Decoder::n_ctx)
+        .def_property_readonly("state_shape", [](const Decoder& mdl) {
+            // What restore() accepts (a prefix-cache file is checked against it before it is read).
+            int64_t kv_layers = 0, kv_dim = 0, recurrent = 0;
+            for (const LayerShape& sh : mdl.layer_shapes()) {
+                kv_layers += sh.kv_dim != 0;
+                kv_dim = sh.kv_dim ? sh.kv_dim : kv_dim;
+                recurrent += sh.recurrent;
+            }
+            py::dict d;
+            d["n_layer"] = kv_layers; d["kv_dim"] = kv_dim; d["n_ctx"] = mdl.n_ctx(); d["recurrent"] = recurrent;
+            return d;
+        }, "The sequence state restore() accepts: layers with a KV cache (n_layer) and their width (kv_dim), the "
+           "context (n_ctx), the floats of recurrent state (recurrent).")
         .def_property_readonly("n_past", &Decoder::n_past)
         .def_property_readonly("threads", &Decoder::threads)
         .def("variants", &Decoder::variants, "Which kernel variant serves each operator.")

@@ -131,6 +131,9 @@ def test_bandwidth_and_weight_bytes(text_model_path):
     # 30 layers of Q4_1 (66.5 MB) + the tied Q8_0 head (30.1 MB) + norm + one embedding row
     assert wb["layers"] == 30 * (3 * 552960 + 2 * 69120 + 2 * 207360 + 2 * 2304)
     assert wb["head"] == 30081024 and wb["head_type"] == "Q8_0" and wb["layer_types"] == ["Q4_1"]
+    # A recurrent state (none in SmolLM2) is read and written once per token: 2 x 4 bytes a float.
+    assert wb["recurrent_state"] == 0
+    assert bench.weight_bytes_per_token(text_model_path, 1000)["total"] == wb["total"] + 8000
 
 
 def _first_rules(text: str) -> dict[tuple[str, str, str], str]:
@@ -439,3 +442,37 @@ def test_bench_gemma_text_only(capsys):
     assert set(wb["layer_types"]) >= {"Q4_K", "Q6_K", "Q5_0"}
     assert result["roofline"]["floors"]["model_sized"]["mib"] == pytest.approx(wb["total"] / 2**20)
     assert {r["key"]: r["ours"] for r in result["rows"]}["decode_2"] > 0
+
+
+def test_peer_prefix_cache_on_a_recurrent_model(tmp_path):
+    """llama.cpp cannot cut a recurrent state back to the prefix (llama_memory_seq_rm refuses), so
+    the bench's peer saves the prefix's sequence state once and restores it per request: each
+    cached request then gives the logits of the whole prompt run at once."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the bench extra) is not installed")
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "test"))
+    import qwen35_tiny
+
+    path = tmp_path / "qwen35.gguf"
+    qwen35_tiny.write(path, tied=True, layer_list=False, vocab=True)
+    peer = bench._Peer(llama_cpp, path, 1, 64, False, False)
+    try:
+        assert peer.recurrent
+        ids = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+        def logits():
+            ptr = llama_cpp.llama_get_logits_ith(peer.ctx, -1)
+            return np.ctypeslib.as_array(ptr, shape=(peer.n_vocab,)).copy()
+
+        peer.ttft(ids)
+        whole = logits()
+        assert not llama_cpp.llama_memory_seq_rm(peer.mem, 0, 5, -1)  # why the state is restored instead
+        cached = []
+        for _ in range(3):
+            peer.ttft_cached(5, ids)
+            cached.append(logits())
+        np.testing.assert_array_equal(cached[0], cached[2])  # every request starts from the same state
+        np.testing.assert_allclose(cached[0], whole, rtol=1e-4, atol=1e-5)
+    finally:
+        peer.close()

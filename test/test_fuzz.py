@@ -21,12 +21,14 @@ test/fuzz_seeds), `... prefix-cache [libFuzzer flags] [corpus dirs]` (the atheri
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -274,7 +276,7 @@ def _every_value_type() -> bytes:
     return b.build()
 
 
-def _prefix_cache_file(path: Path, n_layer: int, n_past: int, kv_dim: int) -> None:
+def _prefix_cache_file(path: Path, n_layer: int, n_past: int, kv_dim: int, n_rec: int = 0) -> None:
     import numpy as np
 
     from edgevlm_ros import _engine
@@ -283,7 +285,13 @@ def _prefix_cache_file(path: Path, n_layer: int, n_past: int, kv_dim: int) -> No
     rng = np.random.default_rng(3)
     k = rng.standard_normal((n_layer, n_past, kv_dim)).astype(np.float32)
     v = rng.standard_normal((n_layer, n_past, kv_dim)).astype(np.float32)
-    prefix_cache.save(path, FUZZ_KEY, list(range(n_past)), _engine.KVSnapshot.from_arrays(k, v))
+    rec = rng.standard_normal(n_rec).astype(np.float32)
+    prefix_cache.save(path, FUZZ_KEY, list(range(n_past)), _engine.KVSnapshot.from_arrays(k, v, rec))
+
+
+# The model the target also checks every file against (prefix_cache.StateShape): that of the
+# hybrid seed, so that mutations of it reach the fit checks and, past them, the body.
+FUZZ_FITS = {"n_layer": 1, "kv_dim": 8, "n_ctx": 16, "recurrent": 24}
 
 
 GGUF_KEYS = [
@@ -302,13 +310,24 @@ GGUF_KEYS = [
     *(f"{n}.bias" for n in ("ln1", "ln2", "attn_q", "attn_k", "attn_v", "attn_out", "ffn_up", "ffn_down")),
     "v.patch_embd.weight", "v.patch_embd.bias", "v.position_embd.weight", "v.post_ln.weight", "v.post_ln.bias",
     "mm.model.fc.weight",
+    # qwen35: its keys and the tensors of both kinds of layer
+    "qwen35", "blk.2.", "blk.3.",
+    *(f"qwen35.{k}" for k in ("context_length", "embedding_length", "feed_forward_length", "block_count",
+                              "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                              "attention.value_length", "rope.dimension_count", "rope.freq_base",
+                              "rope.dimension_sections", "attention.layer_norm_rms_epsilon", "ssm.conv_kernel",
+                              "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+                              "full_attention_interval", "attention.recurrent_layers", "nextn_predict_layers")),
+    *(f"{n}.weight" for n in ("post_attention_norm", "attn_q_norm", "attn_k_norm", "attn_qkv", "attn_gate",
+                              "ssm_conv1d", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out")),
+    "ssm_dt.bias", "ssm_a",
 ]
 
 
 # JSON the header parser may meet: the header's names and values no writer of ours produces.
-PREFIX_CACHE_TOKENS = ['"version"', '"key"', '"n_layer"', '"n_past"', '"kv_dim"', '"token_ids"', FUZZ_KEY,
-                       "Infinity", "-Infinity", "NaN", "1e999", "-1", "0", "1.5", "true", "null", "[]", "{}", "[[[[",
-                       '"1"', "18446744073709551616", "\\ud800", "\xff", "EVKVC\x00\x01\x00"]
+PREFIX_CACHE_TOKENS = ['"version"', '"key"', '"n_layer"', '"n_past"', '"kv_dim"', '"recurrent"', '"token_ids"',
+                       FUZZ_KEY, "Infinity", "-Infinity", "NaN", "1e999", "-1", "0", "1.5", "true", "null", "[]", "{}",
+                       "[[[[", '"1"', '"2"', "18446744073709551616", "\\ud800", "\xff", "EVKVC\x00\x01\x00"]
 
 
 def _dict_escape(token: str) -> str:
@@ -325,6 +344,11 @@ def write_seeds(dest: Path = SEEDS, model: Path | None = None) -> list[Path]:
     _tiny_llama(g / "llama_tiny_tied_linear_rope.gguf", tied=True, rope_scaling=True)
     _llama_new_formats(g / "llama_tiny_q2k_q3k_q4k.gguf", ("Q2_K", "Q3_K", "Q4_K"))
     _llama_new_formats(g / "llama_tiny_q5k_q6k.gguf", ("Q5_K", "Q6_K"))
+    import qwen35_tiny
+
+    qwen35_tiny.write(g / "qwen35_tiny.gguf", tied=True, layer_list=False)
+    qwen35_tiny.write(g / "qwen35_tiny_untied_layer_list.gguf", tied=False, layer_list=True,
+                      kinds=("q8_0", "q4_0", "f16"))
     _tiny_mmproj(g / "mmproj_tiny.gguf", swapped=False)
     _tiny_mmproj(g / "mmproj_tiny_ffn_swapped.gguf", swapped=True)
     (g / "every_value_type.gguf").write_bytes(_every_value_type())
@@ -333,8 +357,9 @@ def write_seeds(dest: Path = SEEDS, model: Path | None = None) -> list[Path]:
         (g / "smollm2_head.gguf").write_bytes(model.read_bytes()[:60_000])
     _prefix_cache_file(pc / "small.evkv", 2, 3, 4)
     _prefix_cache_file(pc / "empty_prefix.evkv", 1, 0, 8)
+    _prefix_cache_file(pc / "hybrid.evkv", FUZZ_FITS["n_layer"], 3, FUZZ_FITS["kv_dim"], FUZZ_FITS["recurrent"])
     # The same files as the harness's second reading takes them: header JSON, NUL, body.
-    for name in ("small", "empty_prefix"):
+    for name in ("small", "empty_prefix", "hybrid"):
         raw = (pc / f"{name}.evkv").read_bytes()
         (hlen,) = struct.unpack_from("<I", raw, 8)
         (pc / f"{name}.json0").write_bytes(raw[12:12 + hlen] + b"\0" + raw[12 + hlen:-32])
@@ -366,14 +391,42 @@ def test_seeds_are_small_and_the_valid_ones_build_models() -> None:
     # The model seeds stay useful only while they pass the model checks: a seed the loaders
     # refuse would leave the model-building code unreached by every mutation.
     for name, n_layer in (("llama_tiny.gguf", 2), ("llama_tiny_tied_linear_rope.gguf", 2),
-                          ("llama_tiny_q2k_q3k_q4k.gguf", 3), ("llama_tiny_q5k_q6k.gguf", 2)):
+                          ("llama_tiny_q2k_q3k_q4k.gguf", 3), ("llama_tiny_q5k_q6k.gguf", 2),
+                          ("qwen35_tiny.gguf", 4), ("qwen35_tiny_untied_layer_list.gguf", 4)):
         m = _engine.Decoder(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1, n_ctx=8)
         assert m.config["n_layer"] == n_layer
+        if name.startswith("qwen35"):  # 3 Gated DeltaNet layers of 448 floats of state, 1 attention layer
+            assert m.state_shape["recurrent"] == 3 * 448 and m.state_shape["n_layer"] == 1
     for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
         _engine.VisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
     for p in _seed_files("prefix_cache"):
         if p.suffix == ".evkv":
             ids, _snap = prefix_cache.load(p, FUZZ_KEY)
+    prefix_cache.load(SEEDS / "prefix_cache" / "hybrid.evkv", FUZZ_KEY, prefix_cache.StateShape(**FUZZ_FITS))
+
+
+def test_the_qwen35_seeds_have_llama_cpps_layout(tmp_path: Path) -> None:
+    """The tiny qwen35 of the seeds (with a vocabulary added) loads and generates in llama.cpp, so
+    the loader is fuzzed from files of the layout llama.cpp's converter writes; the same file with
+    attn_q missing its gate half is refused there, so a wrong shape would show."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (requirements-bench.txt) is not installed")
+    import gguf_builder as gb
+    import qwen35_tiny
+
+    for tied, layer_list in ((True, False), (False, True)):
+        path = tmp_path / f"qwen35_{tied}_{layer_list}.gguf"
+        qwen35_tiny.write(path, tied=tied, layer_list=layer_list, kinds=("q8_0", "q4_0", "f16"), vocab=True)
+        llm = llama_cpp.Llama(str(path), n_ctx=64, n_threads=1, verbose=False)
+        out = [t for _, t in zip(range(4), llm.generate([1, 2, 3], temp=0.0), strict=False)]
+        assert len(out) == 4 and all(0 <= t < qwen35_tiny.TINY["vocab"] for t in out)
+        del llm
+    b = gb.from_file(path)
+    (q,) = (t for t in b.tensors if t.name == "blk.3.attn_q.weight")
+    q.dims[1] //= 2
+    q.data = q.data[: len(q.data) // 2]
+    path.write_bytes(b.build())
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(str(path), n_ctx=64, n_threads=1, verbose=False)
 
 
 def test_gguf_and_model_loaders_short_fuzz_run(tmp_path: Path) -> None:
@@ -428,16 +481,124 @@ def test_prefix_cache_reader_short_fuzz_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", _regression_files("prefix_cache"), ids=lambda p: p.name)
 def test_prefix_cache_regressions_replay(path: Path, tmp_path: Path) -> None:
-    """Each regression input, read both ways the harness reads it: loads or PrefixCacheError."""
+    """Each regression input, read both ways the harness reads it, without and with the model's
+    state to fit: loads or PrefixCacheError."""
     from edgevlm_ros.engine import prefix_cache
 
     for i, data in enumerate(prefix_cache_readings(path.read_bytes())):
         f = tmp_path / f"reading{i}.evkv"
         f.write_bytes(data)
-        try:
-            prefix_cache.load(f, FUZZ_KEY)
-        except prefix_cache.PrefixCacheError:
-            pass
+        for fits in (None, prefix_cache.StateShape(**FUZZ_FITS)):
+            try:
+                prefix_cache.load(f, FUZZ_KEY, fits)
+            except prefix_cache.PrefixCacheError:
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# Corrupt qwen35 files: each refused by the loader with the engine's own error, before any
+# allocation sized from the numbers it doubts
+
+# "qwen35.*" keys (without the prefix) over the tiny model's tensors (qwen35_tiny.TINY: d 32, 2 key
+# heads and 4 value heads of 8, conv 4, interval 4; 448 floats of state per linear layer).
+QWEN35_BAD_KEYS: dict[str, dict[str, object]] = {
+    # A state of 4 x 2^20 x 2^20 floats (16 TiB) per linear layer, or 2^24 value heads of 8 x 8.
+    "state_size_2^20": {"ssm.state_size": 1 << 20},
+    "value_heads_2^24": {"ssm.time_step_rank": 1 << 24, "ssm.inner_size": 8 << 24},
+    # Each key within any bound a loader may set, together 64 heads of 4096 x 4096 (4 GiB) a layer:
+    # only the tensors (sized for the tiny model) tell that the promise is false.
+    "state_of_4_gib_a_layer": {"ssm.state_size": 4096, "ssm.group_count": 64, "ssm.time_step_rank": 64,
+                               "ssm.inner_size": 4096 * 64},
+    "conv_kernel_2^31": {"ssm.conv_kernel": 1 << 31},
+    "conv_kernel_0": {"ssm.conv_kernel": 0},
+    "conv_kernel_3_for_a_width_4_kernel": {"ssm.conv_kernel": 3},
+    "key_heads_0": {"ssm.group_count": 0},
+    "value_heads_not_a_multiple_of_key_heads": {"ssm.group_count": 3},
+    "inner_size_off_by_one": {"ssm.inner_size": 33},
+    "inner_size_2^31": {"ssm.inner_size": 1 << 31},
+    "no_state_size": {"ssm.state_size": None},
+    "no_conv_kernel": {"ssm.conv_kernel": None},
+    "interval_0": {"full_attention_interval": 0},
+    "interval_1_every_layer_full": {"full_attention_interval": 1},
+    "interval_2^31_no_layer_full": {"full_attention_interval": 1 << 31},
+    "layer_list_too_short": {"attention.recurrent_layers": [True, True, True]},
+    "layer_list_against_the_tensors": {"attention.recurrent_layers": [True, True, False, True]},
+    "key_length_2^20": {"attention.key_length": 1 << 20, "attention.value_length": 1 << 20},
+    "kv_heads_0": {"attention.head_count_kv": 0},
+    "kv_heads_not_dividing_heads": {"attention.head_count_kv": 3},
+    "rope_wider_than_a_head": {"rope.dimension_count": 32},
+    "block_count_2^20": {"block_count": 1 << 20},
+}
+
+
+def _qwen35_bad_tensors(src: Path, dest: Path) -> list[Path]:
+    """The valid tiny qwen35 with one tensor of the wrong shape, or missing."""
+    import gguf_builder as gb
+
+    def one(name: str, change: Callable[[gb.TensorSpec], bool]) -> Path:
+        b = gb.from_file(src)
+        for t in list(b.tensors):
+            if t.name == name and not change(t):
+                b.tensors.remove(t)
+        out = dest / f"qwen35_tensor_{name}.gguf"
+        out.write_bytes(b.build())
+        return out
+
+    def fewer_values(t: gb.TensorSpec) -> bool:  # an F32 tensor one value shorter along ne0
+        t.dims[0] -= 1
+        t.data = t.data[: 4 * math.prod(t.dims)]
+        return True
+
+    def half_the_rows(t: gb.TensorSpec) -> bool:
+        t.dims[1] //= 2
+        t.data = t.data[: len(t.data) // 2]
+        return True
+
+    return [one("blk.0.ssm_conv1d.weight", fewer_values),  # kernel 3 wide for ssm.conv_kernel 4
+            one("blk.1.ssm_a", fewer_values),  # 3 of 4 heads
+            one("blk.3.attn_q.weight", half_the_rows),  # no gate half
+            one("blk.2.attn_qkv.weight", half_the_rows),  # half of q, k, v
+            one("blk.1.ssm_norm.weight", lambda t: False),  # missing
+            one("blk.0.ssm_dt.bias", lambda t: False)]  # missing
+
+
+def test_corrupt_qwen35_files_are_refused_before_allocating(tmp_path: Path) -> None:
+    """Every key that sizes a qwen35 model or its recurrent state, set wrong one at a time, and
+    tensors of the wrong shape: the fuzz harness (ASan, malloc limit 64 MB, where the tiny model
+    needs < 1 MB) meets each without a report, and in-process each is refused with GGUFError or
+    UnsupportedModelError naming a key or a tensor, never with anything else."""
+    import resource
+
+    import qwen35_tiny
+
+    from edgevlm_ros import _engine
+
+    good = tmp_path / "good.gguf"
+    qwen35_tiny.write(good, tied=True, layer_list=False)
+    try:
+        _engine.Decoder(_engine.GGUFFile(str(good)), threads=1, n_ctx=8)
+    except _engine.UnsupportedModelError as exc:
+        pytest.skip(f"this engine does not run qwen35 yet ({exc})")
+    files = []
+    for name, keys in QWEN35_BAD_KEYS.items():
+        files.append(tmp_path / f"qwen35_{name}.gguf")
+        qwen35_tiny.write(files[-1], tied=True, layer_list="attention.recurrent_layers" in keys, keys=keys)
+    files += _qwen35_bad_tensors(good, tmp_path)
+    exe = build_fuzzer()
+    flags = [f for f in LIBFUZZER_FLAGS if not f.startswith("-malloc_limit_mb")] + ["-malloc_limit_mb=64"]
+    p = subprocess.run([str(exe), *flags, *map(str, files)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    _check_clean(out)
+    assert out.count("Executed ") == len(files), out[-3000:]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for path in files:
+        with pytest.raises((_engine.GGUFError, _engine.UnsupportedModelError)) as info:
+            _engine.Decoder(_engine.GGUFFile(str(path)), threads=1, n_ctx=8)
+        message = str(info.value)
+        assert "qwen35." in message or "blk." in message, (path.name, message)
+        assert "unsupported architecture" not in message, (path.name, message)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: < 64 MiB more
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,18 +625,22 @@ def _prefix_cache_main(argv: list[str]) -> None:
         from edgevlm_ros.engine import prefix_cache
     fd = os.memfd_create("fuzz_prefix_cache")
     path = Path(f"/proc/self/fd/{fd}")
+    model = prefix_cache.StateShape(**FUZZ_FITS)
 
-    def load(data: bytes) -> None:
+    def load(data: bytes, fits: prefix_cache.StateShape | None) -> None:
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
         try:
-            prefix_cache.load(path, FUZZ_KEY)
+            prefix_cache.load(path, FUZZ_KEY, fits)
         except prefix_cache.PrefixCacheError:
             pass
 
     def one_input(data: bytes) -> None:
+        # The input's last bit picks whether the model's state is checked too (half the inputs
+        # each, as cheap as one reading per file): mutations flip it freely.
+        fits = model if data and data[-1] & 1 else None
         for file in prefix_cache_readings(data):
-            load(file)
+            load(file, fits)
 
     atheris.Setup([argv[0], *argv[1:]], one_input)
     atheris.Fuzz()

@@ -112,13 +112,16 @@ def test_mix_on_other_shapes() -> None:
                spec("blk.0.attn_norm.weight", 512), spec("blk.0.ffn_up.weight", 40, 40),
                spec("blk.0.ffn_gate.weight", 1, 1, 96), spec("blk.0.ffn_norm.weight", 1, 512),
                spec("v.position_embd.weight", 64, 512)]
-    for mix, base, qkv in (("q4_k_m", "Q4_K", "Q5_K"), ("q5_k_m", "Q5_K", "Q6_K")):
+    for mix, base in (("q4_k_m", "Q4_K"), ("q5_k_m", "Q5_K")):
         plan = {k: t.name for k, t in plan_types(tensors, mix).items()}  # n_layer from the names
         assert plan["output.weight"] == "Q6_K" and plan["token_embd.weight"] == base  # untied: the head alone
         for i in range(n):
             more = use_more_bits(i, n)
-            assert plan[f"blk.{i}.attn_v.weight"] == plan[f"blk.{i}.ffn_down.weight"] == ("Q6_K" if more else base)
-            assert plan[f"blk.{i}.attn_qkv.weight"] == qkv
+            assert plan[f"blk.{i}.ffn_down.weight"] == ("Q6_K" if more else base)
+            # attn_qkv is of attn_v's kind, counted with it in layer order (qkv before v by name):
+            # llama.cpp 0.3.36's quantizer, test_qwen35_mix_matches_llama_cpp
+            assert plan[f"blk.{i}.attn_qkv.weight"] == ("Q6_K" if use_more_bits(2 * i, 2 * n) else base)
+            assert plan[f"blk.{i}.attn_v.weight"] == ("Q6_K" if use_more_bits(2 * i + 1, 2 * n) else base)
         assert plan["blk.0.ffn_up.weight"] == "F16"  # rows of 40: no block format fits
         # [1, 1, 96] is one row of 96 for ggml: a vector, kept as it is, like the norms
         assert plan["blk.0.ffn_gate.weight"] == plan["blk.0.attn_norm.weight"] == plan["blk.0.ffn_norm.weight"] == "F32"
@@ -166,6 +169,83 @@ def test_mix_matches_llama_cpp_tensor_by_tensor(llama_cpp_quantized: dict[str, P
     ours = {k: t.name for k, t in plan_types(_specs(TEXT_MODEL), mix, 30).items()}
     theirs = _types(llama_cpp_quantized[mix])
     assert ours == theirs  # all 272 tensors, no deliberate difference on this model
+
+
+def _qwen35_specs(c: dict[str, int]) -> list[TensorSpec]:
+    import qwen35_tiny
+
+    return [TensorSpec(name, shape, GGMLType.F32) for name, shape, _ in qwen35_tiny.tensors(c)]
+
+
+def test_mix_on_the_qwen35_0_8b_shapes() -> None:
+    """Qwen3.5-0.8B's 24 layers (18 Gated DeltaNet, 6 full attention) by name and shape: the
+    Gated DeltaNet vectors and conv kernels stay F32; attn_qkv (18) and attn_v (6) share the more-bits
+    count (24), ffn_down has its own; the tied 248k head is Q6_K."""
+    import qwen35_tiny
+
+    specs = _qwen35_specs(qwen35_tiny.REAL_0_8B)
+    plan = {k: t.name for k, t in plan_types(specs, "q4_k_m").items()}
+    for kind in ("ssm_a", "ssm_dt.bias", "ssm_norm.weight", "ssm_conv1d.weight", "attn_q_norm.weight",
+                 "post_attention_norm.weight"):
+        assert {t for k, t in plan.items() if k.endswith(kind)} == {"F32"}, kind
+    v_kind = [k for k in plan if k.endswith(("attn_qkv.weight", "attn_v.weight"))]  # layer order
+    assert len(v_kind) == 24
+    assert [plan[k] for k in v_kind] == ["Q6_K" if use_more_bits(i, 24) else "Q4_K" for i in range(24)]
+    assert plan["blk.3.attn_v.weight"] == "Q4_K" and plan["blk.11.attn_v.weight"] == "Q6_K"
+    assert plan["token_embd.weight"] == "Q6_K"
+    # F32: output norm + 2 norms per layer + 4 small tensors per linear layer + q/k norms per full one;
+    # 187 matrices (8 per linear layer, 7 per full one, the embedding): Q6_K = the head + 12 of the
+    # attn_v kind + 12 ffn_down (use_more_bits picks 12 of 24), the rest Q4_K.
+    assert Counter(plan.values()) == {"F32": 1 + 24 * 2 + 18 * 4 + 6 * 2, "Q6_K": 1 + 12 + 12, "Q4_K": 187 - 25}
+    plan8 = Counter(t.name for t in plan_types(specs, "q8_0").values())
+    assert plan8 == {"F32": 133, "Q8_0": 187}
+
+
+@pytest.fixture(scope="module")
+def qwen35_k_quant_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny qwen35 whose rows are whole K-quant super-blocks (8 layers, 2 of them full attention), F16."""
+    import qwen35_tiny
+
+    path = tmp_path_factory.mktemp("qwen35") / "qwen35-f16.gguf"
+    qwen35_tiny.write(path, tied=True, layer_list=True, kinds=("f16",), vocab=True, c=qwen35_tiny.K_QUANT_SHAPES)
+    return path
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_qwen35_mix_matches_llama_cpp(qwen35_k_quant_file: Path, tmp_path: Path, mix: str) -> None:
+    """llama.cpp's own quantizer on a qwen35 file chooses every tensor's type as plan_types does."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[mix]
+    params.allow_requantize = True  # the token embedding is Q8_0 already
+    params.nthread = 2
+    out = tmp_path / f"{mix}.gguf"
+    assert llama_cpp.llama_model_quantize(str(qwen35_k_quant_file).encode(), str(out).encode(),
+                                          ctypes.byref(params)) == 0
+    theirs = _types(out)
+    ours = {k: t.name for k, t in plan_types(_specs(qwen35_k_quant_file), mix).items()}
+    assert ours == theirs
+    if mix != "q8_0":
+        assert {theirs[k] for k in theirs if k.endswith("attn_qkv.weight")} == {"Q6_K", mix.upper()[:2] + "_K"}
+
+
+@needs_k_quants
+@pytest.mark.parametrize("mix", ["q4_k_m", "q8_0"])
+def test_our_qwen35_files_are_the_plan_and_load_in_llama_cpp(qwen35_k_quant_file: Path, tmp_path: Path,
+                                                             mix: str) -> None:
+    """`edgevlm quantize` on a qwen35 file: every tensor of the planned type (the Gated DeltaNet
+    vectors and conv kernels copied as F32), the metadata (layer list, ssm.* keys) kept, and the
+    file generates in llama.cpp."""
+    r = quantize(qwen35_k_quant_file, tmp_path / f"{mix}.gguf", mix)
+    assert _types(r.path) == {k: t.name for k, t in plan_types(_specs(qwen35_k_quant_file), mix).items()}
+    meta = _engine.GGUFFile(str(r.path)).metadata()
+    src = _engine.GGUFFile(str(qwen35_k_quant_file)).metadata()
+    assert {k: v for k, v in meta.items() if k.startswith("qwen35.")} == {k: v for k, v in src.items()
+                                                                         if k.startswith("qwen35.")}
+    if llama_cpp is not None:
+        llm = llama_cpp.Llama(str(r.path), n_ctx=64, n_threads=1, n_threads_batch=1, verbose=False)
+        out = [t for _, t in zip(range(4), llm.generate([1, 2, 3], temp=0.0), strict=False)]
+        assert len(out) == 4
 
 
 # -- our quantizer end to end ----------------------------------------------------------------------

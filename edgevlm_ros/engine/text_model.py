@@ -110,7 +110,7 @@ class TextModel:
         status = "built"
         if path.exists():
             try:
-                cached_ids, snapshot = prefix_cache.load(path, key)
+                cached_ids, snapshot = prefix_cache.load(path, key, prefix_cache.StateShape.of(self.native))
                 if cached_ids != ids:
                     raise prefix_cache.PrefixCacheError(f"{path.name}: holds other tokens")
                 self.native.restore(snapshot)  # checks layers, width and context fit

@@ -9,12 +9,14 @@ Measures (rows of the table):
   * prefill tokens/s at 64 and 512 tokens (one forward over the prompt, logits of the last token);
   * decode tokens/s over 128 greedy tokens (single-token forwards after a short prompt);
   * time to first token of a chat prompt with a system prompt, without and with the prefix cache
-    (ours: KV snapshot restore; llama.cpp: the system prompt's KV kept, the rest re-evaluated);
+    (ours: KV snapshot restore; llama.cpp: the system prompt's KV kept, the rest re-evaluated, or
+    for a recurrent / hybrid model, whose state cannot be cut back, its sequence state restored);
   * vision encode ms of one 512x512 tile of a SmolVLM-256M-shaped mmproj (random weights; the
     peer only when a `llama-mtmd-cli` binary is found);
   * peak RSS of a process that loads the model, prefills and decodes (one child process per
     engine, resource.getrusage);
-  * the decode roofline: bytes of weights read per token / the read bandwidth measured here
+  * the decode roofline: bytes a token reads (its weights, and for a hybrid decoder such as
+    Qwen3.5 its recurrent state, read and written once per token) / the read bandwidth measured here
     (numpy sum, --threads threads) of two buffers: one the size of those bytes (partly cache-
     resident, as the model is) and one of --bandwidth-mib MiB (DRAM only); the higher bandwidth
     is the lower floor, the one that binds.
@@ -183,9 +185,11 @@ def highest_bandwidth(runs: Sequence[dict[str, float]]) -> dict[str, float]:
     return best
 
 
-def weight_bytes_per_token(gguf_path: Path) -> dict[str, Any]:
-    """Bytes of weights one decoded token reads: every layer tensor, the output norm, the output
-    head (the token embedding when tied) and one embedding row."""
+def weight_bytes_per_token(gguf_path: Path, recurrent_floats: int = 0) -> dict[str, Any]:
+    """Bytes one decoded token reads: every layer tensor, the output norm, the output head (the
+    token embedding when tied) and one embedding row, plus the recurrent state (float32, read and
+    written back once per token: 2 x 4 bytes a float; Qwen3.5-0.8B's 5 M floats are 40 MB) of a
+    model that carries one. The KV cache read is left out (small at the bench's context lengths)."""
     from .. import _engine
 
     tensors = _engine.GGUFFile(str(gguf_path)).tensors()
@@ -197,8 +201,9 @@ def weight_bytes_per_token(gguf_path: Path) -> dict[str, Any]:
     emb = by_name.get("token_embd.weight")
     emb_row = emb["nbytes"] // emb["shape"][-1] if emb else 0
     layer_types = sorted({t["type"] for t in tensors if t["name"].startswith("blk.") and len(t["shape"]) == 2})
-    return {"total": layers + head + norm + emb_row, "layers": layers, "head": head,
-            "head_type": head_t["type"] if head_t else None, "layer_types": layer_types}
+    state = 2 * 4 * recurrent_floats
+    return {"total": layers + head + norm + emb_row + state, "layers": layers, "head": head,
+            "head_type": head_t["type"] if head_t else None, "layer_types": layer_types, "recurrent_state": state}
 
 
 # -- profiles -----------------------------------------------------------------------------------
@@ -337,6 +342,10 @@ class _Peer:
         self.n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model)))
         self.mem = L.llama_get_memory(self.ctx)
         self.n_pre = -1
+        # A recurrent state cannot be cut back to the prefix (llama_memory_seq_rm refuses), so for
+        # such a model the prefix's sequence state is saved once and restored per request, as ours is.
+        self.recurrent = bool(L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model))
+        self.saved: Any = None
 
     def _eval(self, ids: Sequence[int]) -> None:
         for i in range(0, len(ids), 512):
@@ -353,6 +362,7 @@ class _Peer:
     def _clear(self) -> None:
         self.L.llama_memory_clear(self.mem, True)
         self.n_pre = -1
+        self.saved = None
 
     def prefill(self, ids: Sequence[int]) -> float:
         self._clear()
@@ -387,8 +397,18 @@ class _Peer:
             self._clear()
             self._eval(ids[:n_pre])
             self.n_pre = n_pre
+            if self.recurrent:
+                size = int(self.L.llama_state_seq_get_size(self.ctx, 0))
+                self.saved = (ctypes.c_uint8 * size)()
+                if self.L.llama_state_seq_get_data(self.ctx, self.saved, size, 0) != size:
+                    raise RuntimeError("llama_state_seq_get_data did not save the prefix state")
         t0 = time.perf_counter()
-        self.L.llama_memory_seq_rm(self.mem, 0, n_pre, -1)  # keep the system prompt, drop the rest
+        if self.recurrent:
+            self.L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+            if self.L.llama_state_seq_set_data(self.ctx, self.saved, len(self.saved), 0) == 0:
+                raise RuntimeError("llama_state_seq_set_data did not restore the prefix state")
+        elif not self.L.llama_memory_seq_rm(self.mem, 0, n_pre, -1):  # keep the system prompt, drop the rest
+            raise RuntimeError("llama_memory_seq_rm could not drop the tokens after the prefix")
         self._eval(ids[n_pre:])
         self._argmax()
         return time.perf_counter() - t0
@@ -801,7 +821,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     # roofline below): the host's other load moves it by a quarter within a minute, and the floor
     # uses the highest seen, so a quiet moment for the decode cannot look faster than memory.
     # Two buffers each time: one the size of the bytes a token reads, one of --bandwidth-mib.
-    wb = weight_bytes_per_token(cfg.model)
+    wb = weight_bytes_per_token(cfg.model, ours.native.state_shape["recurrent"])
     model_mib = wb["total"] / (1 << 20)
     bw_runs: list[dict[str, float]] = []
     bw_model_runs: list[dict[str, float]] = []
@@ -841,7 +861,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     row = Row("ttft_cache", f"first token, prefix cache ({len(ids) - n_pre} new)", "ms", False,
               _median([s * 1e3 for s in a]), _median([s * 1e3 for s in b]) if b else None)
     row.samples = {"ours_s": a, "peer_s": b}
-    row.note = "ours: KV snapshot restored; llama.cpp: system prompt KV kept in its context"
+    row.note = "ours: KV snapshot restored; llama.cpp: " + (
+        "the prefix's sequence state restored (llama_state_seq_set_data: a recurrent state cannot be cut back)"
+        if peer is not None and peer.recurrent else "system prompt KV kept in its context")
     rows.append(row)
     result["ttft"] = {"prompt_tokens": len(ids), "prefix_tokens": n_pre}
 
@@ -1032,11 +1054,13 @@ def format_table(result: dict[str, Any]) -> str:
     rf = result["roofline"]
     wb, bw = rf["weight_bytes_per_token"], rf["bandwidth"]
     dram_floor = rf["floors"]["dram"]["floor_ms"] if rf.get("floors") else rf["floor_ms"]
+    rec = wb.get("recurrent_state", 0)
+    state = f", recurrent state read + written {rec / 1e6:.1f} MB" if rec else ""
     lines += [
         "",
-        f"decode roofline: {wb['total'] / 1e6:.1f} MB of weights read per token "
+        f"decode roofline: {wb['total'] / 1e6:.1f} MB read per token "
         f"(layers {'/'.join(wb['layer_types'])} {wb['layers'] / 1e6:.1f} MB, head {wb['head_type']} "
-        f"{wb['head'] / 1e6:.1f} MB); read bandwidth {bw['single_gbs']:.1f} GB/s on 1 thread, "
+        f"{wb['head'] / 1e6:.1f} MB{state}); read bandwidth {bw['single_gbs']:.1f} GB/s on 1 thread, "
         f"{bw['all_gbs']:.1f} GB/s on {int(bw['threads'])} (numpy sum over {int(bw['mib'])} MiB; the highest of "
         f"{'/'.join(f'{g:.1f}' for g in bw.get('all_runs_gbs', [bw['all_gbs']]))} measured before and after the "
         f"decode runs and at the end) -> floor {dram_floor:.2f} ms/token",

@@ -164,6 +164,7 @@ public:
     const DecoderConfig& config() const { return cfg_; }
     int64_t n_ctx() const { return n_ctx_; }
     int64_t n_past() const { return n_past_; }
+    const std::vector<LayerShape>& layer_shapes() const { return shapes_; }  // what each layer keeps
     int threads() const { return compute_.threads(); }
     void reset();  // an empty sequence: no positions, recurrent states zero
 

@@ -11,7 +11,9 @@
 //      succeed or refuse with GGUFError (a bad file) or UnsupportedModel (an architecture the
 //      registry does not hold); their shape and key checks are fuzzed too;
 //   4. a model that was built runs once (one token, or one image tile of zeros), so the kernels
-//      meet whatever shapes and weight bytes the checks let through.
+//      meet whatever shapes and weight bytes the checks let through; a decoder's sequence state
+//      (KV cache and, for a hybrid decoder such as qwen35, its recurrent state) is then snapshotted,
+//      reset and restored before the second token, as a prefix cache does.
 // A crash, a sanitizer report, an escaping exception or an allocation over -malloc_limit_mb is a
 // finding: libFuzzer writes the input to crash-*/oom-* and test/fuzz_regressions keeps it.
 //
@@ -121,6 +123,9 @@ void try_llama(const std::shared_ptr<const evn::GGUFFile>& f) {
     // The last row of the embedding table, then (context allowing) a second position.
     const int32_t last = static_cast<int32_t>(m->config().n_vocab - 1), first = 0;
     m->prefill(evn::PromptInput{&last, 1}, logits.data(), false);
+    const evn::KVSnapshot s = m->snapshot();
+    m->reset();
+    m->restore(s);
     if (m->n_ctx() >= 2) m->prefill(evn::PromptInput{&first, 1}, logits.data(), false);
     g_sink = g_sink + (logits[0] == logits[0]);
 }
