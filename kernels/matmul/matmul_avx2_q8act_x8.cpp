@@ -1,4 +1,5 @@
-// Packed decode kernels for Q4_0, Q4_1, Q8_0 and Q5_0 on x86 (Q5_0: docs/kernels/decode-kquants.md): weights in the x8 layout (packed_x8.h),
+// Packed decode kernels for Q4_0, Q4_1, Q8_0, Q5_0, Q4_K and Q6_K on x86 (Q5_0: docs/kernels/decode-kquants.md; Q4_K, Q6_K:
+// decode-kquants-x8.md): weights in the x8 layout (packed_x8.h),
 // activations quantized once per call to int8 blocks (q8act_avx2.h). Per group of 8 rows and
 // block of 32 columns, the integer dot leaves row r's sum in 32-bit lane r, so one conversion and
 // one or two FMAs finish the block for all 8 rows (avx2_q8act needs them per row, plus a

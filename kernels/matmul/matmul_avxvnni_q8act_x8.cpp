@@ -1,4 +1,4 @@
-// Packed decode kernel for Q4_0, Q4_1, Q8_0 and Q5_0 with AVX-VNNI: `avxvnni_q8act_x8`, the body of
+// Packed decode kernel for Q4_0, Q4_1, Q8_0, Q5_0, Q4_K and Q6_K with AVX-VNNI: `avxvnni_q8act_x8`, the body of
 // avx2_q8act_x8 (x8_body.inc, described in matmul_avx2_q8act_x8.cpp) compiled with kVnni = true:
 // dpbusd (u8 x s8, summed in 32 bits: no saturation); Q8_0 weights are made unsigned by
 // w ^ 0x80 = w + 128 and 128 * sum(q) is subtracted per block.
