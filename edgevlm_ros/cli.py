@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
     conv = sub.add_parser("convert", help="convert a Hugging Face SmolVLM / Idefics3 or Qwen3.5 checkpoint to GGUF")
-    from .tools.convert import add_convert_arguments
+    from .tools.convert_cli import add_convert_arguments
 
     add_convert_arguments(conv)
 
@@ -113,7 +113,7 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .tools.convert import run_convert
+    from .tools.convert_cli import run_convert
 
     return run_convert(args)
 

@@ -34,7 +34,8 @@ import pytest
 
 from edgevlm_ros import _engine
 from edgevlm_ros.engine.tokenizer import Tokenizer
-from edgevlm_ros.tools.convert import convert, main
+from edgevlm_ros.tools.convert import convert
+from edgevlm_ros.tools.convert_cli import main
 from edgevlm_ros.tools.gguf_writer import GGMLType, GGUFValueType, GGUFWriter, resolve_tensor_type
 from edgevlm_ros.tools.quant_mix import TensorSpec, plan_types
 

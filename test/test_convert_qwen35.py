@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from edgevlm_ros import _engine
-from edgevlm_ros.tools.convert import main
+from edgevlm_ros.tools.convert_cli import main
 from edgevlm_ros.tools.convert_qwen35 import convert_qwen35, tile_value_heads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

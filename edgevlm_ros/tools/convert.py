@@ -31,12 +31,10 @@ Text decoder q/k weights are permuted for the interleaved-pair ("normal") RoPE t
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +46,7 @@ from ..engine.tokenizer import PRE_TOKENIZER_REGEXES
 from .gguf_writer import GGMLType, GGUFValueType, GGUFWriter
 from .quant_mix import MIXES, TensorSpec, plan_types
 
-__all__ = ["WEIGHT_TYPES", "add_convert_arguments", "convert", "convert_mmproj", "main", "run_convert"]
+__all__ = ["WEIGHT_TYPES", "convert", "convert_mmproj"]
 
 log = logging.getLogger(__name__)
 
@@ -840,49 +838,3 @@ def convert_mmproj(hf_dir: str | Path, out_path: str | Path, wtype: str = "f16",
     _add_tensors(mw, st, plan)
     log.info("writing %s (%d tensors)", out, len(plan))
     return mw.write(out)
-
-
-# -- command line ---------------------------------------------------------------------------------
-
-
-def add_convert_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the `convert` arguments (HF_DIR OUT_DIR --type --name) to a (sub)parser."""
-    parser.add_argument("hf_dir", metavar="HF_DIR",
-                        help="Hugging Face SmolVLM / Idefics3 or Qwen3.5 / MiniCPM-V 4.6 checkpoint folder")
-    parser.add_argument("out_dir", metavar="OUT_DIR",
-                        help="folder for <name>-<type>.gguf (and mmproj-<name>-<type>.gguf for SmolVLM)")
-    parser.add_argument("--type", dest="wtype", choices=list(WEIGHT_TYPES), default="f16",
-                        help="weight format of the matrices (default f16; norms and biases stay f32)")
-    parser.add_argument("--name", default=None, help="model name (general.name and file stem; default: HF_DIR's name)")
-    return parser
-
-
-def run_convert(args: argparse.Namespace) -> int:
-    """Runs a parsed `convert` command; prints the paths written (text GGUF, then the mmproj for a
-    SmolVLM checkpoint; a Qwen3.5 one gives its text GGUF only: tools/convert_qwen35.py).
-    Returns 0, or 2 for a refused input."""
-    from .convert_qwen35 import convert_qwen35, is_qwen35_checkpoint
-
-    try:
-        if is_qwen35_checkpoint(args.hf_dir):
-            paths: tuple[Path, ...] = (convert_qwen35(args.hf_dir, args.out_dir, args.wtype, name=args.name),)
-        else:
-            paths = convert(args.hf_dir, args.out_dir, args.wtype, name=args.name)
-    except ValueError as exc:
-        print(f"edgevlm convert: error: {exc}", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(path)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgevlm convert", description=__doc__.split("\n\n")[0])
-    add_convert_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return run_convert(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
