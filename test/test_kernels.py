@@ -201,6 +201,24 @@ def test_int8_activation_variants_exact_on_grid_activations(wtype: str) -> None:
                 check_close(y, want, REL_TOL * magnitude, f"{variant} {wtype} rows={rows} cols={cols} m={m}")
 
 
+@pytest.mark.parametrize("wtype", ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"))  # the x8 layouts
+def test_x8_token_result_independent_of_its_pass(wtype: str) -> None:
+    """The x8 kernels unpack a group's weights once for a pass of 2, 4 or 8 tokens (prefill and
+    m = 2..3 decode): each token's result must be bit-identical to the same token alone (m = 1), so
+    a prompt split at any token gives the same logits as the unsplit one."""
+    variants = [v for v in matmul_variants(wtype) if v.endswith("_x8") and v in INT8_ACT_VARIANTS]
+    if not variants:
+        pytest.skip(f"no x8 variant for {wtype} on this CPU")
+    rows, cols = 40, 512
+    raw = (kquant_weights if wtype in KQUANT_TYPES else weights)(wtype, rows, cols)[0]
+    x = activations(13, cols)  # passes of 8 (Q5_0) or 4, then 2 and 1
+    for variant in variants:
+        together = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=2)
+        for t in range(13):
+            alone = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x[t : t + 1], threads=1)
+            assert same_bits(together[t : t + 1], alone), f"{variant} {wtype}: token {t} of 13"
+
+
 @pytest.mark.parametrize("wtype", QUANT_TYPES)
 def test_int8_tolerances_have_teeth(wtype: str) -> None:
     """The tolerances above still catch real bugs. The int8 bound for random activations is loose
