@@ -26,6 +26,7 @@ SIZES = {
     "very_tall": (3000, 60),
     "large": (2448, 3264),
     "one_slice_area": (448, 448),
+    "square": (600, 600),  # a 2 x 1 grid: it ties with 1 x 2
 }
 PROMPT = "<|im_start|>user\n<|image_pad|>\nWhat is in the image?<|im_end|>\n<|im_start|>assistant\n"
 N_VOCAB = 248320
@@ -105,12 +106,13 @@ def test_options_match_transformers(engine_tokenizer: Tokenizer) -> None:
 
 
 def test_grid_and_sizes_sweep() -> None:
-    """The size rules on 3000 frame sizes against the image processor's own methods (no pixels),
+    """The size rules on 3400 frame sizes against the image processor's own methods (no pixels),
     including sizes where Python's half-to-even rounding differs from rounding half up."""
     ip = reference_processor().image_processor
     rng = np.random.default_rng(7)
     sizes = [(int(h), int(w)) for h, w in rng.integers(1, 4000, (2500, 2))]
     sizes += [(int(h), int(w)) for h, w in rng.integers(1, 120, (500, 2))]
+    sizes += [(s, s) for s in range(440, 4000, 9)]  # square: 1 x n and n x 1 tie, the rows win
     half_even_cases = 0
     for downsample in ("16x", "4x"):
         cfg = mcv.MiniCPMVConfig(downsample_mode=downsample)
