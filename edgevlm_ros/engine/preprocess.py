@@ -290,16 +290,26 @@ def _check_rgb(rgb: object) -> np.ndarray:
     return np.ascontiguousarray(rgb)
 
 
-def _normalize_lut(cfg: PreprocessConfig) -> np.ndarray:
+def normalize_lut(rescale_factor: float, image_mean: Sequence[float], image_std: Sequence[float]) -> np.ndarray:
     """(3, 256) float32: every uint8 value through transformers' rescale + normalize arithmetic.
 
     transformers computes ``float32(float64(u8) * rescale_factor)`` then ``(x - mean) / std`` in
     float32; doing the same on the 256 possible values and indexing gives identical floats.
     """
-    levels = (np.arange(256, dtype=np.float64) * cfg.rescale_factor).astype(np.float32)
-    mean = np.asarray(cfg.image_mean, dtype=np.float32)[:, None]
-    std = np.asarray(cfg.image_std, dtype=np.float32)[:, None]
+    levels = (np.arange(256, dtype=np.float64) * rescale_factor).astype(np.float32)
+    mean = np.asarray(image_mean, dtype=np.float32)[:, None]
+    std = np.asarray(image_std, dtype=np.float32)[:, None]
     return (levels[None, :] - mean) / std
+
+
+def normalize_chw(rgb: np.ndarray, lut: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(3, H, W) float32 (written into ``out`` when given) from an (H, W, 3) uint8 image through
+    ``normalize_lut``'s table: channel-major, the layout the vision encoders take."""
+    if out is None:
+        out = np.empty((3, rgb.shape[0], rgb.shape[1]), dtype=np.float32)
+    for c in range(3):
+        out[c] = lut[c][rgb[..., c]]
+    return out
 
 
 def preprocess(rgb: np.ndarray, cfg: PreprocessConfig) -> PreprocessedImage:
@@ -331,11 +341,11 @@ def preprocess(rgb: np.ndarray, cfg: PreprocessConfig) -> PreprocessedImage:
         else:
             tiles = np.asarray(image)[None]
 
-    lut = _normalize_lut(cfg)
+    lut = normalize_lut(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
     n = tiles.shape[0]
     pixel_values = np.empty((n, 3, tile, tile), dtype=np.float32)
-    for c in range(3):
-        pixel_values[:, c] = lut[c][tiles[..., c]]
+    for i in range(n):
+        normalize_chw(tiles[i], lut, out=pixel_values[i])
     return PreprocessedImage(
         pixel_values=pixel_values,
         rows=rows,
