@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +207,6 @@ def make_random_smolvlm(
     Contents: config.json, model.safetensors (float32), tokenizer.json, tokenizer_config.json,
     chat_template.jinja, preprocessor_config.json / processor_config.json.
     """
-    import torch
-    from transformers import Idefics3ForConditionalGeneration
-
     out = Path(directory)
     args = {
         "text_layers": text_layers,
@@ -220,32 +219,47 @@ def make_random_smolvlm(
         "vision_std": VISION_STD,
         "version": 1,
     }
-    if _is_complete(out, args):
-        return out
 
-    # Build next to the target and rename into place, so a concurrent or interrupted build never
-    # leaves a directory that looks complete but is not.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.build-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    def build(tmp: Path) -> None:
+        from transformers import Idefics3ForConditionalGeneration
+
         config = smolvlm_config(text_layers=text_layers, vision_layers=vision_layers, image_size=image_size,
                                 patch_size=patch_size, scale_factor=scale_factor)
-        torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config)
-        _init_weights(model)
-        model.tie_weights()
-        model.to(torch.float32)
-        model.save_pretrained(str(tmp))
-        del model
-
+        save_random_model(tmp, Idefics3ForConditionalGeneration, config, seed, _init_weights)
         tok = _make_tokenizer()
         tok.save_pretrained(str(tmp))
         _save_processor(tmp, tok, image_size, patch_size, scale_factor)
-        (tmp / _MARKER).write_text(json.dumps(args))
 
+    return build_once(out, args, build)
+
+
+def save_random_model(out: Path, model_class: Any, config: Any, seed: int,
+                      init_weights: Callable[[Any], None]) -> None:
+    """`model_class(config)` with its weights drawn by `init_weights` after seeding torch with
+    `seed`, tied, saved to `out` in float32."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_class(config)
+    init_weights(model)
+    model.tie_weights()
+    model.to(torch.float32)
+    model.save_pretrained(str(out))
+
+
+def build_once(out: Path, args: dict[str, Any], build: Callable[[Path], None]) -> Path:
+    """`build(tmp)` fills a fresh folder that is renamed to `out`, unless `out` already holds a
+    complete build made with `args` (its `.fixture.json`). The build happens next to the target and
+    is renamed into place, so a concurrent or interrupted build never leaves a folder that looks
+    complete but is not. Every fixture built into a cache folder goes through here."""
+    if _is_complete(out, args):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        build(tmp)
+        (tmp / _MARKER).write_text(json.dumps(args))
         if _is_complete(out, args):  # another process finished first
             return out
         if out.exists():

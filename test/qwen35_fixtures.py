@@ -48,12 +48,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hf_fixtures import _MARKER, FIXTURE_CACHE, _is_complete
+from hf_fixtures import _MARKER, FIXTURE_CACHE, build_once, save_random_model
 
 LLAMA_CPP_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_VERSION}"
@@ -98,32 +96,6 @@ _CHECKPOINT_VERSION = 1
 
 def cache_root() -> Path:
     return Path(os.environ.get("EDGEVLM_FIXTURE_CACHE") or FIXTURE_CACHE)
-
-
-# ---------------------------------------------------------------------------------------------
-# Building into a folder once
-
-
-def _build_once(out: Path, args: dict[str, Any], build: Callable[[Path], None]) -> Path:
-    """`build(tmp)` fills a fresh folder that is renamed to `out`, unless `out` already holds a
-    complete build made with `args`."""
-    if _is_complete(out, args):
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
-        build(tmp)
-        (tmp / _MARKER).write_text(json.dumps(args))
-        if _is_complete(out, args):  # another process finished first
-            return out
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +155,7 @@ def llama_cpp_files() -> Path:
     members = ["convert_hf_to_gguf.py", "conversion", "gguf-py/gguf", "models/templates/Qwen3.5-4B.jinja",
                *(f"models/ggml-vocab-qwen35.gguf{ext}" for ext in ("", ".inp", ".out"))]
     out = cache_root() / f"llama-cpp-{LLAMA_CPP_VERSION}"
-    return _build_once(out, {"version": LLAMA_CPP_VERSION, "members": members},
+    return build_once(out, {"version": LLAMA_CPP_VERSION, "members": members},
                        lambda tmp: _copy_from_sdist(_sdist_source(), members, tmp))
 
 
@@ -348,7 +320,7 @@ def _write_tokenizer(out: Path) -> None:
 def tokenizer_dir() -> Path:
     """A folder with the Qwen3.5 tokenizer files (tokenizer.json, tokenizer_config.json, chat template)."""
     out = cache_root() / f"qwen35-tokenizer-v{_TOKENIZER_VERSION}"
-    return _build_once(out, {"version": _TOKENIZER_VERSION, "llama_cpp": LLAMA_CPP_VERSION}, _write_tokenizer)
+    return build_once(out, {"version": _TOKENIZER_VERSION, "llama_cpp": LLAMA_CPP_VERSION}, _write_tokenizer)
 
 
 def load_hf_tokenizer(directory: str | Path | None = None) -> Any:
@@ -429,18 +401,11 @@ def _init_weights(model: Any) -> None:
 
 
 def _write_checkpoint(out: Path, layers: int, seed: int, value_heads: int) -> None:
-    import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     config = Qwen3_5TextConfig(**{k: v for k, v in qwen35_config_dict(layers, value_heads).items()
                                   if k not in ("architectures", "model_type", "dtype")})
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config)
-    _init_weights(model)
-    model.tie_weights()
-    model.to(torch.float32)
-    model.save_pretrained(str(out))
-    del model
+    save_random_model(out, Qwen3_5ForCausalLM, config, seed, _init_weights)
     # The saved config says what the published one says (transformers drops keys it derives).
     saved = json.loads((out / "config.json").read_text())
     saved.update({k: v for k, v in qwen35_config_dict(layers, value_heads).items() if k != "dtype"})
@@ -462,7 +427,7 @@ def cached_qwen35(layers: int = 4, seed: int = 0, value_heads: int = LINEAR_V_HE
         args["value_heads"] = value_heads
         name += f"-v{value_heads}"
     out = cache_root() / name
-    return _build_once(out, args, lambda tmp: _write_checkpoint(tmp, layers, seed, value_heads))
+    return build_once(out, args, lambda tmp: _write_checkpoint(tmp, layers, seed, value_heads))
 
 
 def _llama_cpp_gguf(src: Path, stem: str, seed: int, outtype: str) -> Path:
@@ -473,7 +438,7 @@ def _llama_cpp_gguf(src: Path, stem: str, seed: int, outtype: str) -> Path:
     args = {"checkpoint": json.loads((src / _MARKER).read_text()), "outtype": outtype, "llama_cpp": LLAMA_CPP_VERSION}
     out = cache_root() / f"{stem}-s{seed}-llama-cpp-{outtype}"
     name = f"{stem}-{outtype}.gguf"
-    _build_once(out, args, lambda tmp: run_llama_cpp_converter(src, tmp / name, outtype))
+    build_once(out, args, lambda tmp: run_llama_cpp_converter(src, tmp / name, outtype))
     return out / name
 
 
@@ -525,7 +490,7 @@ def cached_minicpmv46_text(layers: int = 4, seed: int = 0) -> Path:
     hf = cached_qwen35(layers, seed)
     args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "version": 1}
     out = cache_root() / f"minicpmv46-text-random-l{layers}-s{seed}"
-    return _build_once(out, args, lambda tmp: _write_minicpm_text(tmp, hf))
+    return build_once(out, args, lambda tmp: _write_minicpm_text(tmp, hf))
 
 
 def cached_minicpmv46_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:

@@ -214,6 +214,21 @@ class Child:
         self._reader.join(5)
         return rc
 
+    def wait_exited(self, timeout: float) -> None:
+        """Until the process has exited, leaving it unreaped: its /proc entry (main_thread_sched)
+        stays readable until wait() reaps it."""
+        deadline = time.monotonic() + timeout
+        while os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.cmd, timeout)
+            time.sleep(0.002)
+
+    def main_thread_sched(self) -> tuple[float, float]:
+        """(seconds on a CPU, seconds runnable but waiting for a CPU) of the process' main thread
+        so far (the kernel's /proc/PID/schedstat)."""
+        run_ns, wait_ns, _slices = Path(f"/proc/{self.pid}/schedstat").read_text().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
     def rss_mb(self) -> float:
         """Resident memory of the process (Linux /proc), in MiB."""
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

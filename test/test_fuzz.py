@@ -35,6 +35,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import native_build as nb  # noqa: E402
+
 import buildinfo  # noqa: E402
 
 BUILD = ROOT / "build" / "fuzz"
@@ -65,10 +67,8 @@ SANITIZER_REPORT = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer|Undefined
 
 
 def fuzzer_flags() -> list[str]:
-    name, value = buildinfo.optable_define()
-    return ["-std=c++17", "-O1", "-g", "-fno-omit-frame-pointer", *buildinfo.WARNINGS, "-Werror",
-            "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all",
-            *(f"-I{d}" for d in buildinfo.INCLUDE_DIRS), f"-D{name}={value}", "-pthread"]
+    return nb.common_flags("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=fuzzer,address,undefined",
+                           "-fno-sanitize-recover=all")
 
 
 def fuzzer_sources() -> list[str]:
@@ -77,43 +77,12 @@ def fuzzer_sources() -> list[str]:
 
 
 def build_fuzzer() -> Path:
-    """Compiles once per distinct input (sources, headers, flags, compiler); cached under build/fuzz."""
+    """Compiles once per distinct input (native_build.py: objects cached per source, headers, flags
+    and compiler); the harness is linked into build/fuzz."""
     if shutil.which(CXX) is None:
         pytest.fail(f"{CXX} missing: scripts/setup.sh installs clang-14 and libclang-rt-14-dev (root + apt)")
-    flags, files = fuzzer_flags(), fuzzer_sources()
-    h = hashlib.sha256(" ".join([CXX, *flags]).encode())
-    for f in files + buildinfo.headers():
-        h.update(f.encode() + (ROOT / f).read_bytes())
-    out = BUILD / f"fuzz_gguf-{h.hexdigest()[:12]}"
-    if not out.exists():
-        BUILD.mkdir(parents=True, exist_ok=True)
-        objs = BUILD / f"obj-{h.hexdigest()[:12]}"
-        objs.mkdir(exist_ok=True)
-        # One object per source, two compilers at a time (these machines have two cores).
-        procs: list[tuple[str, subprocess.Popen[str]]] = []
-        objects = []
-        for src in files:
-            obj = objs / (src.replace("/", "_") + ".o")
-            objects.append(str(obj))
-            procs.append((src, subprocess.Popen([CXX, *flags, "-c", src, "-o", str(obj)], cwd=ROOT, text=True,
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
-            if len([p for _, p in procs if p.poll() is None]) >= max(2, os.cpu_count() or 2):
-                _wait_first(procs)
-        for src, p in procs:
-            log, _ = p.communicate()
-            assert p.returncode == 0, f"{src} did not build:\n{log[-4000:]}"
-        tmp = out.with_suffix(".part")
-        p2 = subprocess.run([CXX, *flags, *objects, "-o", str(tmp)], cwd=ROOT, capture_output=True, text=True)
-        assert p2.returncode == 0, f"fuzz_gguf did not link:\n{p2.stderr[-4000:]}"
-        tmp.rename(out)
-        shutil.rmtree(objs, ignore_errors=True)
-    return out
-
-
-def _wait_first(procs: list[tuple[str, subprocess.Popen[str]]]) -> None:
-    running = [p for _, p in procs if p.poll() is None]
-    if running:
-        running[0].wait()
+    flags = fuzzer_flags()
+    return nb.link("fuzz_gguf", nb.compile_objects(fuzzer_sources(), CXX, flags), CXX, flags, folder=BUILD)
 
 
 def _check_clean(out: str) -> None:

@@ -5,7 +5,7 @@ zero heap allocations per decoded token; the GGUF reader and the kernels under A
 
 from __future__ import annotations
 
-import hashlib
+import os
 import random
 import shutil
 import struct
@@ -17,31 +17,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import native_build as nb  # noqa: E402
+
 import buildinfo  # noqa: E402
 
-BUILD = ROOT / "build" / "native-tests"
 CROSS = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 
 
-def _build(name: str, main: str, sources: list[str], compiler: str = "g++", extra: tuple[str, ...] = ()) -> Path:
-    """Compiles once per distinct input (hash of sources, flags and compiler)."""
-    flags = ["-std=c++17", "-O2", *buildinfo.WARNINGS, "-Werror", *(f"-I{d}" for d in buildinfo.INCLUDE_DIRS),
-             f"-D{buildinfo.optable_define()[0]}={buildinfo.optable_define()[1]}", "-pthread", *extra]
-    files = [main, *sources]
-    h = hashlib.sha256(" ".join([compiler, *flags]).encode())
-    for f in files + buildinfo.headers():
-        h.update((ROOT / f).read_bytes())
-    out = BUILD / f"{name}-{h.hexdigest()[:12]}"
-    if not out.exists():
-        BUILD.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run([compiler, *flags, *files, "-o", str(out)], cwd=ROOT, capture_output=True, text=True)
-        assert p.returncode == 0, f"{name} did not build:\n{p.stderr[-4000:]}"
-    return out
-
-
-def _run(cmd: list[str], timeout: int = 600) -> str:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def _run(cmd: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                       env=None if env is None else {**os.environ, **env})
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
     assert " 0 failed" in out, out[-4000:]
@@ -49,7 +35,7 @@ def _run(cmd: list[str], timeout: int = 600) -> str:
 
 
 def test_every_x86_kernel_variant_matches_the_reference() -> None:
-    exe = _build("kernel_check", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True))
+    exe = nb.build_program("kernel_check", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True))
     out = _run([str(exe)])
     print(out.splitlines()[-1])
 
@@ -64,8 +50,8 @@ def test_arm_kernel_variants_under_qemu(cpu: str, expect_dotprod: bool) -> None:
     """NEON (and, where the emulated CPU has them, dotprod and i8mm) variants against the reference.
     cortex-a53 lacks both: their variants must be skipped and the plain NEON one still checked."""
     _need_cross_tools()
-    exe = _build("kernel_check-aarch64", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True),
-                 compiler=CROSS, extra=("-static",))
+    exe = nb.build_program("kernel_check-aarch64", "kernels/tests/kernel_check.cpp",
+                           buildinfo.sources(kernels_only=True), compiler=CROSS, extra=("-static",))
     out = _run([QEMU, "-cpu", cpu, str(exe)])
     assert "neon=1" in out
     assert (f"dotprod={int(expect_dotprod)}") in out
@@ -77,8 +63,7 @@ def test_arm_kernel_variants_under_qemu(cpu: str, expect_dotprod: bool) -> None:
 
 
 def test_no_heap_allocation_per_decoded_token(text_model_path: Path) -> None:
-    sources = buildinfo.sources()
-    exe = _build("alloc_check", "native/tests/alloc_check.cpp", sources)
+    exe = nb.build_program("alloc_check", "native/tests/alloc_check.cpp", buildinfo.sources())
     out = _run([str(exe), str(text_model_path), "100", "2"])
     assert "decode: 100 steps, 0 heap allocations" in out, out
 
@@ -115,12 +100,13 @@ def _hostile_corpus(src: Path, dest: Path, n_mutations: int = 300) -> list[Path]
 
 
 def test_gguf_reader_and_kernels_under_asan_ubsan(text_model_path: Path, tmp_path: Path) -> None:
-    san = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-fno-omit-frame-pointer")
-    reader = _build("gguf_check-asan", "native/tests/gguf_check.cpp",
-                    ["native/gguf.cpp", "native/mapped_file.cpp", "kernels/formats/formats.cpp",
-                     "kernels/formats/kquants.cpp"], extra=san)
+    # The extension's own ASan + UBSan objects (the build test_sanitized_extension.py runs against).
+    reader = nb.build_sanitized_program("gguf_check-asan", "native/tests/gguf_check.cpp",
+                                        ["native/gguf.cpp", "native/mapped_file.cpp", "kernels/formats/formats.cpp",
+                                         "kernels/formats/kquants.cpp"])
+    env = nb.SANITIZED_RUN_ENV
     corpus = _hostile_corpus(text_model_path, tmp_path / "corpus")
-    out = _run([str(reader), str(text_model_path), *map(str, corpus)])
+    out = _run([str(reader), str(text_model_path), *map(str, corpus)], env=env)
     assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out
     print(out.splitlines()[-2])
     # Super-blocks cut short: the K-quant / Q5 / IQ4_NL seeds ending inside their last tensor.
@@ -130,10 +116,10 @@ def test_gguf_reader_and_kernels_under_asan_ubsan(text_model_path: Path, tmp_pat
             p = tmp_path / f"{seed.stem}-cut{cut}.gguf"
             p.write_bytes(seed.read_bytes()[:-cut])
             cuts.append(p)
-    out = _run([str(reader), *map(str, cuts)])
+    out = _run([str(reader), *map(str, cuts)], env=env)
     assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out
     assert f"loaded 0, refused {len(cuts)}" in out, out
-    kernels = _build("kernel_check-asan", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True),
-                     extra=san)
-    out = _run([str(kernels)])
+    kernels = nb.build_sanitized_program("kernel_check-asan", "kernels/tests/kernel_check.cpp",
+                                         buildinfo.sources(kernels_only=True))
+    out = _run([str(kernels)], env=env)
     assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out

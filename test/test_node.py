@@ -574,12 +574,20 @@ def test_signal_during_generation_ends_within_a_second_with_0(vlm_pair: tuple[Pa
                 break
             except AssertionError:
                 assert time.monotonic() < deadline, node.child.tail()
+        _, waited0 = node.child.main_thread_sched()
         t0 = time.monotonic()
         node.child.signal(sig)
-        rc = node.child.wait(10)
+        node.child.wait_exited(10)
         elapsed = time.monotonic() - t0
+        _, waited1 = node.child.main_thread_sched()
+        rc = node.child.wait(10)
         assert rc == 0, (rc, node.child.tail())
-        assert elapsed < 1.0, f"{elapsed:.2f} s to stop"
+        # The second is the node's own: time its main thread (which stops the worker and tears
+        # down ROS) was ready to run but waited for a CPU other processes held is not counted
+        # (1.003 s of wall time at load 9 on this shared 2-core machine). Whatever the node does,
+        # computing, sleeping or waiting on a thread, still counts.
+        cpu_wait = waited1 - waited0
+        assert elapsed - cpu_wait < 1.0, f"{elapsed:.2f} s to stop, {cpu_wait:.2f} s of it waiting for a CPU"
         assert "Traceback" not in node.child.output()
         assert not [s for a in diag.messages() for s in a.status if s.name.endswith(": frame")], \
             "the frame finished before the signal: the test did not interrupt a generation"

@@ -274,11 +274,12 @@ def _tiled_checkpoint(out: Path) -> None:
 
 
 def test_tiled_value_heads_match_transformers() -> None:
-    from qwen35_fixtures import _build_once, cache_root
+    from hf_fixtures import build_once
+    from qwen35_fixtures import cache_root
 
     from edgevlm_ros import _engine
 
-    out = _build_once(cache_root() / "qwen35-random-tiled-v1", {"version": 1, **TILED}, _tiled_checkpoint)
+    out = build_once(cache_root() / "qwen35-random-tiled-v1", {"version": 1, **TILED}, _tiled_checkpoint)
     dec = _engine.Decoder(_engine.GGUFFile(str(out / "tiled-f32.gguf")), threads=2, n_ctx=N_CTX, n_batch=N_BATCH)
     hf = load_hf_model(out / "hf")
     for ids in _prompts()[-1:]:

@@ -1,7 +1,9 @@
 """The native tests against an ASan + UBSan build of the extension (setup.py, EDGEVLM_SANITIZE=1).
 
 The sanitized extension is built into build/asan/ (never over the normal in-place
-edgevlm_ros/_engine*.so) and put into a copy of the package tree, build/asan/pkg/edgevlm_ros. A
+edgevlm_ros/_engine*.so; native_build.py: its objects also make test_native.py's ASan programs,
+so whichever test comes first builds it once) and put into a copy of the package tree,
+build/asan/pkg/edgevlm_ros. A
 child pytest then runs, with that copy first on PYTHONPATH and libasan preloaded into the
 interpreter (ASan must be the first library loaded: Python is not built with it; libstdc++ right after it):
 - test/test_gguf.py and test/test_kernels.py (the reader, every format, every kernel variant);
@@ -16,40 +18,22 @@ It must pass with no sanitizer report. Leak detection is off: CPython frees litt
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import native_build as nb
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ASAN = ROOT / "build" / "asan"
-PKG = ASAN / "pkg"
+PKG = nb.ASAN / "pkg"
 INNER = os.environ.get("EDGEVLM_SANITIZED_INNER") == "1"
 TEXT_MODEL_TESTS = " or ".join((
     "test_prefix_restore_equals_recomputing_the_whole_prompt", "test_prefix_logits_are_bitwise_equal",
     "test_generation_stops_and_reports", "test_bad_token_ids_and_context_overflow_raise",
     "test_loading_a_non_llama_or_broken_file_is_a_value_error",
 ))
-
-
-def build_sanitized_package() -> Path:
-    """build/asan/pkg: the package's Python files plus the ASan + UBSan _engine. setuptools rebuilds
-    only what changed since the last build (its own timestamps, in build/asan/tmp)."""
-    env = dict(os.environ, EDGEVLM_SANITIZE="1")
-    p = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--build-lib", str(ASAN / "lib"),
-                        "--build-temp", str(ASAN / "tmp")], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert p.returncode == 0, f"the sanitized extension did not build:\n{p.stderr[-4000:]}"
-    built = sorted((ASAN / "lib" / "edgevlm_ros").glob("_engine*.so"))
-    assert len(built) == 1, built
-    dest = PKG / "edgevlm_ros"
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(ROOT / "edgevlm_ros", dest, ignore=shutil.ignore_patterns("__pycache__", "_engine*.so"))
-    shutil.copy2(built[0], dest / built[0].name)
-    return PKG
 
 
 def _gcc_lib(name: str) -> str:
@@ -69,7 +53,7 @@ def test_native_tests_pass_under_asan_and_ubsan(tmp_path: Path) -> None:
     if INNER:
         pytest.skip("this is the outer test")
     t0 = time.monotonic()
-    pkg = build_sanitized_package()
+    pkg = nb.build_sanitized_package()
     t_build = time.monotonic() - t0
     reports = tmp_path / "reports"
     reports.mkdir()

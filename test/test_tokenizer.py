@@ -13,12 +13,13 @@ follow llama.cpp, and the test says why.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import random
+import signal
 import sys
-import time
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -503,12 +504,42 @@ _BOMBS = {
 }
 
 
+# A bomb the limits miss runs until it has built its output or exhausted memory: 10^4 times the
+# work of the slowest refusal or more (output_nested: 10^10 steps, refused at the 10^6-step budget
+# after ~10 CPU-s on this machine, 2026-12-01). Bounded by the CPU time this process spends, not
+# by wall time, which on this shared 2-core machine also counts other processes' work (wall time
+# passed 10 s at load 9); the wall bound, far above, is for a wait that burns no CPU. Both are
+# timers, so a bomb that never ends fails the test instead of hanging the suite.
+BOMB_CPU_S = 30.0
+BOMB_WALL_S = 120.0
+
+
+class _RanTooLong(BaseException):
+    """Raised by the timers: not an Exception, so the renderer cannot turn it into a refusal."""
+
+
+@contextlib.contextmanager
+def _cpu_and_wall_limits(cpu_s: float, wall_s: float) -> Iterator[None]:
+    def stop(signum: int, _frame: object) -> None:
+        raise _RanTooLong(f"still rendering after {cpu_s} CPU-s" if signum == signal.SIGPROF
+                          else f"still rendering after {wall_s} s")
+
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGPROF, signal.SIGALRM)}
+    signal.setitimer(signal.ITIMER_PROF, cpu_s)  # CPU time of the process (user + system)
+    signal.setitimer(signal.ITIMER_REAL, wall_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 @pytest.mark.parametrize("name", sorted(_BOMBS))
 def test_resource_bombs_are_refused_quickly(name: str) -> None:
-    start = time.monotonic()
-    with pytest.raises(ChatTemplateError):
+    with _cpu_and_wall_limits(BOMB_CPU_S, BOMB_WALL_S), pytest.raises(ChatTemplateError):
         render_chat(_BOMBS[name], [{"role": "user", "content": "hi"}])
-    assert time.monotonic() - start < 10
 
 
 def test_ordinary_big_numbers_are_fine() -> None:
