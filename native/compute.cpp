@@ -56,10 +56,12 @@ Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols
 std::shared_ptr<uint8_t> PackArena::take(size_t n) {
     n = (n + 63) / 64 * 64;
     if (!chunk_ || size_ - used_ < n) {
-        // Chunks of >= 32 MiB: only the pages written are resident (a huge page is faulted whole,
-        // so a chunk's unused tail costs at most 2 MiB).
-        constexpr size_t kHuge = size_t{2} << 20, kChunk = size_t{32} << 20;
-        const size_t size = std::max(kChunk, (n + kHuge - 1) / kHuge * kHuge);
+        // Chunks of 2 MiB, doubling up to 32 MiB (a small model, as the fuzz harness builds by the
+        // thousand, maps 2 MiB, not 32): only the pages written are resident (a huge page is
+        // faulted whole, so a chunk's unused tail costs at most 2 MiB).
+        constexpr size_t kHuge = size_t{2} << 20, kMaxChunk = size_t{32} << 20;
+        const size_t size = std::max(next_chunk_, (n + kHuge - 1) / kHuge * kHuge);
+        next_chunk_ = std::min(kMaxChunk, 2 * next_chunk_);
         void* mem = std::aligned_alloc(kHuge, size);
         if (!mem) throw std::bad_alloc();
         ::madvise(mem, size, MADV_HUGEPAGE);  // advice only: without THP the pages are 4 KiB

@@ -54,7 +54,7 @@ public:
 
 private:
     std::shared_ptr<uint8_t> chunk_;
-    size_t used_ = 0, size_ = 0;
+    size_t used_ = 0, size_ = 0, next_chunk_ = size_t{2} << 20;
 };
 
 // Which phases a weight serves: both (the text model), prefill only (the vision tower: no decode
