@@ -5,8 +5,9 @@ a 300x500 image (the source view and its slices from transformers' image process
 `--mmproj` file of the same checkpoint loads and gives the same features; malformed metadata is
 refused in one line.
 
-Default: 2 vision layers, the window merger after layer 0. EDGEVLM_MINICPMV_FULL=1: the published
-27 layers, merger after layer 6 (a 2.4 GB checkpoint; minutes).
+Default (~60 s): 2 vision layers, the window merger after layer 0. EDGEVLM_MINICPMV_FULL=1: the
+published 27 layers, merger after layer 6, every mode x size pair, and F16 / Q8_0 towers (a 4.3 GB
+checkpoint; ~10 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -133,6 +134,33 @@ def test_llama_cpp_mmproj_agrees(hf_dir: Path, mmproj: dict[str, Path],
     _, _, slices = _slices(hf_dir, size, "16x")
     expected = ours_16x.get(size) or [ours.encode_slice(slices[0])]
     assert _rel_l2(theirs.encode_slice(slices[0]), expected[0]) <= 1e-6
+
+
+# Quantized towers against our own F32 features of the same slice (measured 2026-12-01, 2 layers:
+# F16 7.0e-4, Q8_0 1.7e-2). Full run only (~8 s each).
+@pytest.mark.skipif(not FULL, reason="EDGEVLM_MINICPMV_FULL=1")
+@pytest.mark.parametrize(("wtype", "bound"), [("f16", 3e-3), ("q8_0", 5e-2)])
+def test_weight_formats(hf_dir: Path, mmproj: dict[str, Path], tmp_path: Path, wtype: str, bound: float,
+                        ours_16x: dict[tuple[int, int], list[np.ndarray]]) -> None:
+    from edgevlm_ros.tools.convert_minicpmv import convert_minicpmv_mmproj
+
+    size = SIZES[1]
+    _, _, slices = _slices(hf_dir, size, "16x")
+    expected = ours_16x.get(size) or [_vision(mmproj["16x"]).encode_slice(slices[0])]
+    vision = _vision(convert_minicpmv_mmproj(hf_dir, tmp_path, wtype, downsample_mode="16x"))
+    rel = _rel_l2(vision.encode_slice(slices[0]), expected[0])
+    print(f"minicpmv4_6 {wtype}: worst per-token relative L2 vs our F32 {rel:.2e}")
+    assert rel <= bound
+
+
+@pytest.mark.skipif(not FULL, reason="EDGEVLM_MINICPMV_FULL=1 (writes the 2 GB text file too)")
+def test_edgevlm_convert_writes_the_pair(hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgevlm_ros.tools.convert_cli import main
+
+    assert main([str(hf_dir), str(tmp_path), "--type", "q8_0", "--name", "minicpm"]) == 0
+    text, mm = (Path(p) for p in capsys.readouterr().out.split())
+    assert text.name == "minicpm-q8_0.gguf" and mm.name == "mmproj-minicpm-q8_0.gguf"
+    assert _vision(mm).config["projector"] == "minicpmv4_6"
 
 
 def _patched(src: Path, dst: Path, key: str, skip: int, value: int) -> Path:
