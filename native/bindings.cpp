@@ -344,5 +344,20 @@ PYBIND11_MODULE(_engine, m) {
                     mdl.encode(src + t * 3 * c.image_size * c.image_size, dst + t * per * c.proj_dim);
             }
             return out;
-        }, py::arg("pixels"), "Image-token embeddings for every tile, in order: (n_tiles * tokens_per_tile, proj_dim).");
+        }, py::arg("pixels"), "Image-token embeddings for every tile, in order: (n_tiles * tokens_per_tile, proj_dim).")
+        .def("encode_slice", [](VisionModel& mdl, py::array_t<float, py::array::c_style | py::array::forcecast> pixels) {
+            const VisionConfig& c = mdl.config();
+            const int64_t P = c.patch_size;
+            if (pixels.ndim() != 3 || pixels.shape(0) != 3 || pixels.shape(1) % P != 0 || pixels.shape(2) % P != 0)
+                throw py::value_error("pixels must have shape (3, H, W), H and W multiples of " + std::to_string(P));
+            const int64_t gh = pixels.shape(1) / P, gw = pixels.shape(2) / P;
+            py::array_t<float> out({mdl.tokens(gh, gw), c.proj_dim});
+            float* dst = out.mutable_data();
+            const float* src = pixels.data();
+            {
+                py::gil_scoped_release nogil;
+                mdl.encode_grid(src, gh, gw, dst);
+            }
+            return out;
+        }, py::arg("pixels"), "Image-token embeddings of one slice at its own size (MiniCPM-V): (tokens, proj_dim).");
 }

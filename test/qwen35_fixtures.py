@@ -159,13 +159,15 @@ def llama_cpp_files() -> Path:
                        lambda tmp: _copy_from_sdist(_sdist_source(), members, tmp))
 
 
-def run_llama_cpp_converter(hf_dir: Path, outfile: Path, outtype: str = "f32", *extra: str) -> None:
-    """llama.cpp's convert_hf_to_gguf.py on hf_dir (its own gguf-py, --no-mtp), as a subprocess."""
+def run_llama_cpp_converter(hf_dir: Path, outfile: Path, outtype: str = "f32", *extra: str,
+                            no_mtp: bool = True) -> None:
+    """llama.cpp's convert_hf_to_gguf.py on hf_dir (its own gguf-py, --no-mtp unless no_mtp is false:
+    its --mmproj refuses the flag for MiniCPM-V 4.6), as a subprocess."""
     lcpp = llama_cpp_files()
     env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     cmd = [sys.executable, str(lcpp / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(outfile),
-           "--outtype", outtype, "--no-mtp", *extra]
+           "--outtype", outtype, *(["--no-mtp"] if no_mtp else []), *extra]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(lcpp))
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp's converter failed ({done.returncode}):\n{done.stderr[-4000:]}")

@@ -619,18 +619,12 @@ def _vision_type(wtype: str, matrix_type: GGMLType) -> GGMLType:
     return GGMLType.Q8_0 if wtype in _K_MIXES else matrix_type
 
 
-def _vision_plan(st: _SafeTensors, vp: _VisionParams, n_embd_text: int, wtype: GGMLType) -> list[_Planned]:
-    pre = _find_prefix(st, _VISION_PREFIXES, "embeddings.patch_embedding.weight", "vision patch embedding")
+def siglip_layers_plan(prefix: str, vp: _VisionParams, wtype: GGMLType) -> list[_Planned]:
+    """The SigLIP encoder layers `<prefix><i>.` -> `v.blk.<i>.` (shared with convert_minicpmv.py)."""
     w, ff = vp.width, vp.n_ff
-    plan = [
-        _Planned("v.patch_embd.weight", pre + "embeddings.patch_embedding.weight",
-                 (w, 3, vp.patch_size, vp.patch_size), GGMLType.F32),
-        _Planned("v.patch_embd.bias", pre + "embeddings.patch_embedding.bias", (w,), GGMLType.F32),
-        _Planned("v.position_embd.weight", pre + "embeddings.position_embedding.weight", (vp.n_patches, w),
-                 GGMLType.F32),
-    ]
+    plan: list[_Planned] = []
     for i in range(vp.n_layer):
-        lp = f"{pre}encoder.layers.{i}."
+        lp = f"{prefix}{i}."
         b = f"v.blk.{i}."
         pairs = [
             ("attn_q", "self_attn.q_proj", (w, w)),
@@ -645,6 +639,20 @@ def _vision_plan(st: _SafeTensors, vp: _VisionParams, n_embd_text: int, wtype: G
         for g, h, shape in pairs:
             plan.append(_Planned(f"{b}{g}.weight", f"{lp}{h}.weight", shape, _matrix_type(wtype, shape)))
             plan.append(_Planned(f"{b}{g}.bias", f"{lp}{h}.bias", (shape[0],), GGMLType.F32))
+    return plan
+
+
+def _vision_plan(st: _SafeTensors, vp: _VisionParams, n_embd_text: int, wtype: GGMLType) -> list[_Planned]:
+    pre = _find_prefix(st, _VISION_PREFIXES, "embeddings.patch_embedding.weight", "vision patch embedding")
+    w = vp.width
+    plan = [
+        _Planned("v.patch_embd.weight", pre + "embeddings.patch_embedding.weight",
+                 (w, 3, vp.patch_size, vp.patch_size), GGMLType.F32),
+        _Planned("v.patch_embd.bias", pre + "embeddings.patch_embedding.bias", (w,), GGMLType.F32),
+        _Planned("v.position_embd.weight", pre + "embeddings.position_embedding.weight", (vp.n_patches, w),
+                 GGMLType.F32),
+    ]
+    plan += siglip_layers_plan(f"{pre}encoder.layers.", vp, wtype)
     plan += [
         _Planned("v.post_ln.weight", pre + "post_layernorm.weight", (w,), GGMLType.F32),
         _Planned("v.post_ln.bias", pre + "post_layernorm.bias", (w,), GGMLType.F32),
@@ -704,7 +712,7 @@ def _text_writer(name: str, file_type: int, quantized: bool, tp: _TextParams, vo
 
 
 def _mmproj_writer(name: str, file_type: int, quantized: bool, vp: _VisionParams, n_embd_text: int,
-                   pre: Mapping[str, Any]) -> GGUFWriter:
+                   pre: Mapping[str, Any], projector: str = "idefics3") -> GGUFWriter:
     w = GGUFWriter()
     w.add_string("general.architecture", "clip")
     w.add_string("general.type", "mmproj")
@@ -714,7 +722,7 @@ def _mmproj_writer(name: str, file_type: int, quantized: bool, vp: _VisionParams
         w.add_uint32("general.quantization_version", 2)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
-    w.add_string("clip.projector_type", "idefics3")
+    w.add_string("clip.projector_type", projector)
     w.add_bool("clip.use_gelu", True)
     w.add_uint32("clip.vision.image_size", vp.image_size)
     w.add_uint32("clip.vision.patch_size", vp.patch_size)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import convert as _convert_mod
 from .convert import WEIGHT_TYPES, convert
+from .convert_minicpmv import convert_minicpmv_mmproj, is_minicpmv_checkpoint
 from .convert_qwen35 import convert_qwen35, is_qwen35_checkpoint
 
 __all__ = ["add_convert_arguments", "main", "run_convert"]
@@ -29,7 +30,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("hf_dir", metavar="HF_DIR",
                         help="Hugging Face SmolVLM / Idefics3 or Qwen3.5 / MiniCPM-V 4.6 checkpoint folder")
     parser.add_argument("out_dir", metavar="OUT_DIR",
-                        help="folder for <name>-<type>.gguf (and mmproj-<name>-<type>.gguf for SmolVLM)")
+                        help="folder for <name>-<type>.gguf (and mmproj-<name>-<type>.gguf for SmolVLM, MiniCPM-V 4.6)")
     parser.add_argument("--type", dest="wtype", choices=list(WEIGHT_TYPES), default="f16",
                         help="weight format of the matrices (default f16; norms and biases stay f32)")
     parser.add_argument("--name", default=None, help="model name (general.name and file stem; default: HF_DIR's name)")
@@ -38,11 +39,13 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
 def run_convert(args: argparse.Namespace) -> int:
     """Runs a parsed `convert` command; prints the paths written (text GGUF, then the mmproj for a
-    SmolVLM checkpoint; a Qwen3.5 one gives its text GGUF only: tools/convert_qwen35.py).
+    SmolVLM or MiniCPM-V 4.6 checkpoint; a Qwen3.5 one gives its text GGUF only: tools/convert_qwen35.py).
     Returns 0, or 2 for a refused input."""
     try:
         if is_qwen35_checkpoint(args.hf_dir):
             paths: tuple[Path, ...] = (convert_qwen35(args.hf_dir, args.out_dir, args.wtype, name=args.name),)
+            if is_minicpmv_checkpoint(args.hf_dir):  # and its mmproj: tools/convert_minicpmv.py
+                paths += (convert_minicpmv_mmproj(args.hf_dir, args.out_dir, args.wtype, name=args.name),)
         else:
             paths = convert(args.hf_dir, args.out_dir, args.wtype, name=args.name)
     except ValueError as exc:

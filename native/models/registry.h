@@ -36,9 +36,10 @@ EVN_DECODER_ARCHS(EVN_DECLARE_FACTORY)
 DecoderFactory find_decoder(const GGUFFile& f);
 
 // Vision towers + connectors: X(clip.projector_type, the factory's name), one file each
-// (make_idefics3 in idefics3.cpp, on the SigLIP tower of siglip.h).
-#define EVN_VISION_ARCHS(X) \
-    X("idefics3", make_idefics3)
+// (make_idefics3 in idefics3.cpp, make_minicpmv4_6 in minicpmv.cpp, both on the SigLIP tower of siglip.h).
+#define EVN_VISION_ARCHS(X)        \
+    X("idefics3", make_idefics3) \
+    X("minicpmv4_6", make_minicpmv4_6)
 
 // Reads the connector's keys (setting cfg's connector fields), checks the tensors they size, and
 // builds the pair.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 namespace evn {
 
@@ -32,13 +33,17 @@ int64_t rows_per_chunk(int64_t width) { return std::max<int64_t>(1, (int64_t{1} 
 
 }  // namespace
 
-SiglipTower::SiglipTower(const VisionConfig& cfg, const GGUFFile& f, PackArena& arena) : cfg_(cfg) {
-    const int64_t d = cfg_.n_embd, ff = cfg_.n_ff, np = cfg_.n_patches(), pp = 3 * cfg_.patch_size * cfg_.patch_size;
+SiglipTower::SiglipTower(const VisionConfig& cfg, const GGUFFile& f, PackArena& arena, int64_t pos_rows,
+                         int64_t max_tokens)
+    : cfg_(cfg), pos_rows_(pos_rows > 0 ? pos_rows : cfg.n_patches()),
+      max_tokens_(max_tokens > 0 ? max_tokens : cfg.n_patches()) {
+    const int64_t d = cfg_.n_embd, ff = cfg_.n_ff, np = max_tokens_, pp = 3 * cfg_.patch_size * cfg_.patch_size;
     // Nothing may be allocated from the config until the file is known to back it: each number is
     // a dimension of a tensor that must be in the file, so here each such tensor must exist with
     // the element count the config implies (load_weight checks the exact shape later).
     require_elements(f, "v.patch_embd.weight", pp * d);
-    require_elements(f, "v.position_embd.weight", np * d);
+    if (pos_rows_ > kMaxPatches) f.fail("v.position_embd.weight", std::to_string(pos_rows_) + " rows exceed the engine's bound");
+    require_elements(f, "v.position_embd.weight", pos_rows_ * d);
     require_elements(f, "v.blk.0.ffn_up.weight", d * ff);  // either way round (see ffn_swapped_)
     require_elements(f, "v.blk.0.ffn_down.weight", d * ff);
     // Activations are n_patches rows of the widest of these: bounded, whatever the file holds.
@@ -58,7 +63,7 @@ SiglipTower::SiglipTower(const VisionConfig& cfg, const GGUFFile& f, PackArena& 
     };
     patch_w_ = matrix("v.patch_embd.weight", pp, d);
     patch_b_ = load_vector(f, "v.patch_embd.bias", d);
-    pos_embd_ = load_vector(f, "v.position_embd.weight", np * d);
+    pos_embd_ = load_vector(f, "v.position_embd.weight", pos_rows_ * d);
     post_w_ = load_vector(f, "v.post_ln.weight", d);
     post_b_ = load_vector(f, "v.post_ln.bias", d);
 
@@ -113,41 +118,73 @@ int64_t SiglipTower::max_k() const { return std::max({cfg_.n_embd, cfg_.n_ff, 3 
 // Each element sees the same operations in the same order as one step at a time on one thread
 // would apply them, so the output is the same for any thread count.
 void SiglipTower::encode(Compute& c, const float* pixels, float* out) {
-    const Norm post{&post_w_, &post_b_};
-    auto ln1 = [&](size_t l) { return Norm{&layers_[l].ln1_w, &layers_[l].ln1_b}; };
-    embed_patches(c, pixels, ln1(0));  // x = patches W + b + pos; h = LN1(x)
-    for (size_t l = 0; l < layers_.size(); ++l) {
-        const Layer& L = layers_[l];
-        self_attention(c, L);                                   // h = Wo · MHA(h)
+    embed(c, pixels, cfg_.side(), cfg_.side(), nullptr);  // x = patches W + b + pos; h = LN1(x)
+    layers(c, 0, cfg_.n_layer, out);
+}
+
+void SiglipTower::layers(Compute& c, int64_t l0, int64_t l1, float* out) {
+    for (int64_t l = l0; l < l1; ++l) {
+        const Layer& L = layers_[static_cast<size_t>(l)];
+        self_attention(c, L);                                         // h = Wo · MHA(h)
         residual_norm(c, L.bo, Norm{&L.ln2_w, &L.ln2_b}, h_.data());  // x += h + bo; h = LN2(x)
-        mlp(c, L);                                              // h = W_down · gelu(W_up · h + b_up)
-        const bool last = l + 1 == layers_.size();              // x += h + b_down; then the next LN1, or post LN
-        residual_norm(c, L.b_down, last ? post : ln1(l + 1), last ? out : h_.data());
+        mlp(c, L);                                                    // h = W_down · gelu(W_up · h + b_up)
+        const bool last = l + 1 == cfg_.n_layer;  // x += h + b_down; then the next LN1, or the post LN
+        residual_norm(c, L.b_down, entry_norm(l + 1), last ? out : h_.data());
     }
+}
+
+SiglipTower::Norm SiglipTower::entry_norm(int64_t l) const {
+    if (l >= cfg_.n_layer) return Norm{&post_w_, &post_b_};
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    return Norm{&L.ln1_w, &L.ln1_b};
+}
+
+void SiglipTower::restart(Compute& c, int64_t n, int64_t l, float* out) {
+    if (n < 1 || n > max_tokens_) throw std::invalid_argument("a stream of " + std::to_string(n) + " tokens");
+    n_ = n;
+    norm_stream(c, l, l >= cfg_.n_layer ? out : h_.data());
+}
+
+void SiglipTower::norm_stream(Compute& c, int64_t l, float* dst) {
+    const evk::OpTable& op = c.ops();
+    const int64_t d = cfg_.n_embd;
+    const Norm nm = entry_norm(l);
+    for_rows(c.pool(), n_, rows_per_chunk(d), [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) op.layernorm(&x_[t * d], nm.w->data(), nm.b->data(), dst + t * d, d, cfg_.eps);
+    });
 }
 
 // Patch embedding is a stride-P convolution: gather each patch as a row in (c, y, x) order, the
 // order of the conv kernel's flattened [c_in][kh][kw], then one matrix product; then the bias and
 // the position embedding, and the first layernorm into h.
-void SiglipTower::embed_patches(Compute& c, const float* pixels, const Norm& next) {
+void SiglipTower::embed(Compute& c, const float* pixels, int64_t gh, int64_t gw, const int32_t* pos_ids) {
     const evk::OpTable& op = c.ops();
-    const int64_t S = cfg_.image_size, P = cfg_.patch_size, side = cfg_.side(), n = cfg_.n_patches();
+    const int64_t P = cfg_.patch_size, W = gw * P, H = gh * P, n = gh * gw;
     const int64_t d = cfg_.n_embd, pp = 3 * P * P;
+    if (gh < 1 || gw < 1 || n > max_tokens_)
+        throw std::invalid_argument("a " + std::to_string(gh) + "x" + std::to_string(gw) +
+                                    " patch grid exceeds the tower's " + std::to_string(max_tokens_) + " patches");
+    if (pos_ids)
+        for (int64_t t = 0; t < n; ++t)
+            if (pos_ids[t] < 0 || pos_ids[t] >= pos_rows_) throw std::invalid_argument("position id out of range");
+    n_ = n;
     for_rows(c.pool(), n, rows_per_chunk(pp), [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
-            const int64_t py = t / side, px = t % side;
+            const int64_t py = t / gw, px = t % gw;
             float* row = &patches_[t * pp];
             for (int64_t ch = 0; ch < 3; ++ch)
                 for (int64_t y = 0; y < P; ++y)
-                    std::memcpy(row + (ch * P + y) * P, pixels + (ch * S + py * P + y) * S + px * P,
+                    std::memcpy(row + (ch * P + y) * P, pixels + (ch * H + py * P + y) * W + px * P,
                                 static_cast<size_t>(P) * sizeof(float));
         }
     });
     c.matmul(patch_w_, patches_.data(), n, x_.data(), evk::kPrefill);
+    const Norm next = entry_norm(0);
     for_rows(c.pool(), n, rows_per_chunk(d), [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
+            const int64_t pos = pos_ids ? pos_ids[t] : t;
             op.add(&x_[t * d], patch_b_.data(), d);
-            op.add(&x_[t * d], &pos_embd_[t * d], d);
+            op.add(&x_[t * d], &pos_embd_[pos * d], d);
             op.layernorm(&x_[t * d], next.w->data(), next.b->data(), &h_[t * d], d, cfg_.eps);
         }
     });
@@ -157,7 +194,7 @@ void SiglipTower::embed_patches(Compute& c, const float* pixels, const Norm& nex
 // bias comes with the residual).
 void SiglipTower::self_attention(Compute& c, const Layer& L) {
     const evk::OpTable& op = c.ops();
-    const int64_t n = cfg_.n_patches(), d = cfg_.n_embd;
+    const int64_t n = n_, d = cfg_.n_embd;
     const Compute::MatmulJob qkv[3] = {{&L.wq, q_.data(), d}, {&L.wk, k_.data(), d}, {&L.wv, v_.data(), d}};
     c.matmul_batch(qkv, 3, h_.data(), d, n, evk::kPrefill);
     // The biases, and V^T: vt_[ch * n + t] = v[t][ch] (ch = h * hd + j: each head's rows are
@@ -181,7 +218,7 @@ void SiglipTower::self_attention(Compute& c, const Layer& L) {
 // One query at a time this was ~12% of the FMA peak and 60% of a layer's time.
 void SiglipTower::attention_heads(Compute& c) {
     const evk::OpTable& op = c.ops();
-    const int64_t n = cfg_.n_patches(), d = cfg_.n_embd, hd = d / cfg_.n_head;
+    const int64_t n = n_, d = cfg_.n_embd, hd = d / cfg_.n_head;
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
     for (int64_t h = 0; h < cfg_.n_head; ++h) {
         Weight keys = make_weight(evk::DType::F32, &k_[h * hd], n, hd);
@@ -200,7 +237,7 @@ void SiglipTower::attention_heads(Compute& c) {
 // h = W_down · gelu_tanh(W_up · h + b_up) (the down product's bias comes with the residual).
 void SiglipTower::mlp(Compute& c, const Layer& L) {
     const evk::OpTable& op = c.ops();
-    const int64_t n = cfg_.n_patches(), ff = cfg_.n_ff;
+    const int64_t n = n_, ff = cfg_.n_ff;
     c.matmul(L.w_up, h_.data(), n, ff_.data(), evk::kPrefill);
     for_rows(c.pool(), n, rows_per_chunk(ff), [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) op.add(&ff_[t * ff], L.b_up.data(), ff);
@@ -213,7 +250,7 @@ void SiglipTower::mlp(Compute& c, const Layer& L) {
 // then the next layernorm of x into dst (h, or the tower's output after the last layer).
 void SiglipTower::residual_norm(Compute& c, const std::vector<float>& bias, const Norm& next, float* dst) {
     const evk::OpTable& op = c.ops();
-    const int64_t n = cfg_.n_patches(), d = cfg_.n_embd;
+    const int64_t n = n_, d = cfg_.n_embd;
     for_rows(c.pool(), n, rows_per_chunk(d), [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
             op.add(&h_[t * d], bias.data(), d);

@@ -1,5 +1,7 @@
 #include "vision.h"
 
+#include <stdexcept>
+
 #include "registry.h"
 
 namespace evn {
@@ -44,5 +46,13 @@ VisionModel::VisionModel(std::shared_ptr<const GGUFFile> file, int n_threads)
 }
 
 VisionModel::~VisionModel() = default;
+
+int64_t VisionArch::tokens(int64_t gh, int64_t gw) const {
+    (void)gh;
+    (void)gw;
+    throw std::invalid_argument("this projector encodes fixed square tiles only");
+}
+
+void VisionArch::encode_grid(Compute&, const float*, int64_t gh, int64_t gw, float*) { (void)tokens(gh, gw); }
 
 }  // namespace evn

@@ -1,7 +1,7 @@
 // The vision skeleton: one tile of pixels in, image-token embeddings in the decoder's width out,
 //   vision tower (patches -> hidden states) -> connector (hidden states -> decoder tokens)
 // read from an mmproj GGUF in llama.cpp's layout (clip.* keys, v.* and mm.* tensors). The pair is
-// picked by clip.projector_type from the registry (registry.h): SigLIP + idefics3 today; a family
+// picked by clip.projector_type from the registry (registry.h): SigLIP + idefics3, SigLIP + minicpmv4_6; a family
 // is one file (its connector, reusing a tower such as siglip.h) and one registration line.
 #pragma once
 #include <memory>
@@ -34,6 +34,11 @@ public:
     virtual void encode(Compute& c, const float* pixels, float* out) = 0;
     virtual std::string variants() const = 0;
     virtual bool ffn_swapped() const { return false; }  // the mmproj names fc1 ffn_down (some published files)
+    // A tile of gh x gw patches (pixels [3][gh*P][gw*P]): tokens(gh, gw) rows of proj_dim, for a family
+    // whose tiles have grids of their own (std::invalid_argument for a grid it cannot take, and from a
+    // family of fixed square tiles, which encode() serves).
+    virtual int64_t tokens(int64_t gh, int64_t gw) const;
+    virtual void encode_grid(Compute& c, const float* pixels, int64_t gh, int64_t gw, float* out);
 };
 
 class VisionModel {
@@ -47,6 +52,10 @@ public:
     bool ffn_swapped() const { return arch_->ffn_swapped(); }
     std::string variants() const { return arch_->variants(); }
     void encode(const float* pixels, float* out) { arch_->encode(*compute_, pixels, out); }
+    int64_t tokens(int64_t gh, int64_t gw) const { return arch_->tokens(gh, gw); }
+    void encode_grid(const float* pixels, int64_t gh, int64_t gw, float* out) {
+        arch_->encode_grid(*compute_, pixels, gh, gw, out);
+    }
 
 private:
     std::shared_ptr<const GGUFFile> file_;
