@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..engine.preprocess_minicpmv import DOWNSAMPLE_MODES  # -> clip.vision.projector.scale_factor
 from .convert import (
     WEIGHT_TYPES,
     _check_planned,
@@ -42,7 +43,6 @@ __all__ = ["DOWNSAMPLE_MODES", "MINICPMV_WEIGHT_TYPES", "convert_minicpmv_mmproj
 
 log = logging.getLogger(__name__)
 
-DOWNSAMPLE_MODES = {"16x": 4, "4x": 2}  # -> clip.vision.projector.scale_factor
 MINICPMV_WEIGHT_TYPES = ("f32", "f16", "q8_0")
 _VISION = "model.vision_tower."
 _MERGER = "model.merger.mlp.0."

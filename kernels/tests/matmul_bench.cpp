@@ -75,15 +75,14 @@ int main(int argc, char** argv) {
     }
     const int reps = 5;
     for (int mode = 0; mode < 2; ++mode) {  // 0: the first copy again and again; 1: every copy in turn
-        const size_t n = mode == 0 ? std::max<size_t>(1, copies) : copies;
         double best = 1e30;
         for (int rep = 0; rep < reps; ++rep) {
             const double t0 = cpu_seconds();
-            for (size_t c = 0; c < n; ++c) {
+            for (size_t c = 0; c < copies; ++c) {
                 a.w = packed.data() + (mode == 0 ? 0 : c * pb);
                 fn(a);
             }
-            best = std::min(best, (cpu_seconds() - t0) / static_cast<double>(n));
+            best = std::min(best, (cpu_seconds() - t0) / static_cast<double>(copies));
         }
         std::printf("%-18s %-5s %6lld x %5lld %-14s %9.1f us  %6.2f GB/s\n", variant.c_str(), argv[1],
                     static_cast<long long>(rows), static_cast<long long>(k), mode == 0 ? "cache-resident" : "streamed",
