@@ -43,6 +43,7 @@ from qwen35_fixtures import (
 
 VISION_WIDTH, VISION_FFN, VISION_HEADS, PATCH, BUCKET_IMAGE = 1152, 4304, 16, 14, 980
 STD, LN_STD, LN_BIAS_STD = 0.02, 0.1, 0.05
+IMAGE_PAD_ID = 248056
 _VERSION = 1
 
 
@@ -56,6 +57,7 @@ def minicpmv_config_dict(vision_layers: int, insert_layer_id: int, text_layers: 
         "merge_kernel_size": [2, 2],
         "merger_times": 1,
         "tie_word_embeddings": False,
+        "image_token_id": IMAGE_PAD_ID, "video_token_id": IMAGE_PAD_ID + 1,  # <|image_pad|>, <|video_pad|>
         "vision_config": {"model_type": "minicpmv4_6_vision", "hidden_size": VISION_WIDTH,
                           "intermediate_size": VISION_FFN, "num_hidden_layers": vision_layers,
                           "num_attention_heads": VISION_HEADS, "patch_size": PATCH, "image_size": BUCKET_IMAGE,
@@ -100,7 +102,7 @@ def _write_checkpoint(out: Path, vision_layers: int, insert_layer_id: int, text_
     saved["architectures"] = cfg["architectures"]
     (out / "config.json").write_text(json.dumps(saved, indent=2))
     MiniCPMV4_6ImageProcessorPil().save_pretrained(str(out))
-    for f in tokenizer_dir().iterdir():
+    for f in minicpmv_tokenizer_dir().iterdir():  # Qwen3.5's and MiniCPM-V's image tokens
         if f.is_file() and f.name != _MARKER:
             shutil.copy2(f, out / f.name)
 
