@@ -26,6 +26,7 @@ consults is gated on torchvision, which must not be installed (REFERENCE-NOTES).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -125,6 +126,37 @@ def cached_minicpmv_llama_cpp_mmproj(hf: Path) -> Path:
     name = "mmproj-f32.gguf"
     build_once(out, args, lambda tmp: run_llama_cpp_converter(hf, tmp / name, "f32", "--mmproj", no_mtp=False))
     return out / name
+
+
+def cached_minicpmv_llama_cpp_text(hf: Path) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py (F32, --no-mtp: the checkpoint has no MTP layers) text file of
+    that checkpoint, built once."""
+    args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "llama_cpp": LLAMA_CPP_VERSION}
+    out = cache_root() / f"{hf.name}-llama-cpp-text"
+    name = "text-f32.gguf"
+    build_once(out, args, lambda tmp: run_llama_cpp_converter(hf, tmp / name, "f32"))
+    return out / name
+
+
+def cached_minicpmv_pair(hf: Path) -> dict[str, Path]:
+    """Our converter's files of that checkpoint, F32, built once: "text" (arch qwen35) and the mmproj
+    per downsample mode ("16x", "4x"). The key hashes the converter's sources, so a changed
+    converter never serves stale files."""
+    from edgevlm_ros.tools import convert, convert_minicpmv, convert_qwen35, gguf_writer
+
+    sources = hashlib.sha256(b"".join(Path(m.__file__).read_bytes()
+                                      for m in (convert, convert_minicpmv, convert_qwen35, gguf_writer)))
+    args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "converter": sources.hexdigest()}
+    out = cache_root() / f"{hf.name}-ours-f32"
+
+    def write(tmp: Path) -> None:
+        convert_qwen35.convert_qwen35(hf, tmp / "text", "f32")
+        for mode in ("16x", "4x"):
+            convert_minicpmv.convert_minicpmv_mmproj(hf, tmp / mode, "f32", downsample_mode=mode)
+
+    build_once(out, args, write)
+    return {"text": next((out / "text").glob("*.gguf")),
+            **{mode: next((out / mode).glob("*.gguf")) for mode in ("16x", "4x")}}
 
 
 ADDED = ("<image>", "</image>", "<video>", "</video>", "<slice>", "</slice>", "<image_id>", "</image_id>")
