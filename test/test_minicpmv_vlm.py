@@ -67,9 +67,9 @@ def _image(width: int, height: int) -> np.ndarray:
 
 
 def _vlm(text: Path, mmproj: Path, mode: str = "tiled", **kw: Any) -> Any:
-    from edgevlm_ros.engine.vlm import load_vlm
+    import edgevlm_ros  # the public name, as the README shows it
 
-    return load_vlm(text, mmproj, threads=THREADS, image_mode=mode, **kw)
+    return edgevlm_ros.load_vlm(text, mmproj, threads=THREADS, image_mode=mode, **kw)
 
 
 def _reference(hf_model: Any, vlm: Any, rgb: np.ndarray, mode: str, downsample: str) -> tuple[list[int], list[int]]:
