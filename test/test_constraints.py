@@ -1,6 +1,6 @@
 """Constrained answers (`describe(..., choices=[...])`, native/constraint.*): the answer is exactly
 one of the given strings, and it is the greedy one among the allowed continuations — checked
-token by token against a Python reference that masks the same engine's full logits, on frames of
+token by token against a Python reference that masks the same engine's full logits, on 6 frames of
 the demo model's world; one choice a prefix of another; bad choices refused in one line.
 """
 
@@ -14,7 +14,7 @@ import pytest
 from edgevlm_ros import _engine
 from edgevlm_ros.demo.scenes import generate_scene, render_scene
 
-N_FRAMES = 12
+N_FRAMES = 6
 
 
 @pytest.fixture(scope="module")
