@@ -10,9 +10,10 @@ scripts/fuzz_long.sh; its figures are in docs/reliability/fuzzing.md).
 
 Seeds (test/fuzz_seeds, each < 64 KiB) are small valid files written by our GGUF writer (a llama
 decoder and an idefics3 mmproj in every weight format the engine computes with, the K-quants,
-Q5_0 / Q5_1 and IQ4_NL among them; metadata of every value type), the first bytes of the real
-SmolLM2 file, and valid prefix-cache files. Every crash a campaign finds is kept in
-test/fuzz_regressions/<target>/ and replayed here.
+Q5_0 / Q5_1 and IQ4_NL among them; two qwen35 decoders; two minicpmv4_6 mmproj files, 16x with the
+window merger and 4x without, whose encode step is a slice of a grid of its own; metadata of every
+value type), the first bytes of the real SmolLM2 file, and valid prefix-cache files. Every crash a
+campaign finds is kept in test/fuzz_regressions/<target>/ and replayed here.
 
 Also a script: `python test/test_fuzz.py build` (prints the harness path), `... seeds` (rewrites
 test/fuzz_seeds), `... prefix-cache [libFuzzer flags] [corpus dirs]` (the atheris target).
@@ -30,6 +31,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -38,6 +40,11 @@ sys.path.insert(0, str(ROOT))
 import native_build as nb  # noqa: E402
 
 import buildinfo  # noqa: E402
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgevlm_ros.tools.gguf_writer import GGUFWriter
 
 BUILD = ROOT / "build" / "fuzz"
 SEEDS = ROOT / "test" / "fuzz_seeds"
@@ -144,10 +151,56 @@ def _tiny_llama(path: Path, *, tied: bool, rope_scaling: bool, ff: int = 64, n_l
     _retype_bf16(path, bf16)
 
 
+def _clip_writer(projector: str, keys: dict[str, int]) -> GGUFWriter:
+    """An mmproj's header: llama.cpp's clip keys (`keys`: the clip.vision.* integers)."""
+    from edgevlm_ros.tools.gguf_writer import GGUFValueType, GGUFWriter
+
+    g = GGUFWriter()
+    g.add_string("general.architecture", "clip")
+    g.add_bool("clip.has_vision_encoder", True)
+    g.add_string("clip.projector_type", projector)
+    for key, value in keys.items():
+        g.add_uint32(f"clip.vision.{key}", value)
+    g.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    g.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5], GGUFValueType.FLOAT32)
+    return g
+
+
+def _siglip_embeddings(g: GGUFWriter, w: Callable[..., np.ndarray], d: int, patch: int, pos_rows: int) -> None:
+    g.add_tensor("v.patch_embd.weight", w(d, 3, patch, patch), "f16")
+    g.add_tensor("v.patch_embd.bias", w(d), "f32")
+    g.add_tensor("v.position_embd.weight", w(pos_rows, d), "f32")
+    g.add_tensor("v.post_ln.weight", 1 + w(d), "f32")
+    g.add_tensor("v.post_ln.bias", w(d), "f32")
+
+
+def _siglip_attention(g: GGUFWriter, w: Callable[..., np.ndarray], p: str, d: int, kinds: tuple[str, ...]) -> None:
+    """attn_q, attn_k, attn_v, attn_out under prefix p, in kinds[0..3], with their biases."""
+    for i, name in enumerate(("attn_q", "attn_k", "attn_v", "attn_out")):
+        g.add_tensor(p + name + ".weight", w(d, d), kinds[i])
+        g.add_tensor(p + name + ".bias", w(d), "f32")
+
+
+def _siglip_layers(g: GGUFWriter, w: Callable[..., np.ndarray], d: int, ff: int, n_layer: int, *,
+                   swapped: bool = False, kinds: tuple[str, ...] = ("q8_0", "q4_0", "f16", "f32", "q8_0", "q4_0"),
+                   ) -> None:
+    """The tower's layers: attention in kinds[0..3], ffn_up / ffn_down in kinds[4] / kinds[5]
+    (`swapped`: under each other's names, as some published files have them)."""
+    up, down = ("ffn_down", "ffn_up") if swapped else ("ffn_up", "ffn_down")
+    for layer in range(n_layer):
+        p = f"v.blk.{layer}."
+        for ln in ("ln1", "ln2"):
+            g.add_tensor(p + ln + ".weight", 1 + w(d), "f32")
+            g.add_tensor(p + ln + ".bias", w(d), "f32")
+        _siglip_attention(g, w, p, d, kinds)
+        g.add_tensor(p + up + ".weight", w(ff, d), kinds[4])
+        g.add_tensor(p + up + ".bias", w(ff), "f32")
+        g.add_tensor(p + down + ".weight", w(d, ff), kinds[5])
+        g.add_tensor(p + down + ".bias", w(d), "f32")
+
+
 def _tiny_mmproj(path: Path, *, swapped: bool) -> None:
     import numpy as np
-
-    from edgevlm_ros.tools.gguf_writer import GGUFValueType, GGUFWriter
 
     rng = np.random.default_rng(2)
     image, patch, d, ff, n_head, n_layer, proj, scale = 16, 4, 32, 64, 4, 1, 32, 2
@@ -156,37 +209,71 @@ def _tiny_mmproj(path: Path, *, swapped: bool) -> None:
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
-    g = GGUFWriter()
-    g.add_string("general.architecture", "clip")
-    g.add_bool("clip.has_vision_encoder", True)
-    g.add_string("clip.projector_type", "idefics3")
-    for key, value in (("image_size", image), ("patch_size", patch), ("embedding_length", d),
-                       ("feed_forward_length", ff), ("block_count", n_layer), ("attention.head_count", n_head),
-                       ("projection_dim", proj), ("projector.scale_factor", scale)):
-        g.add_uint32(f"clip.vision.{key}", value)
-    g.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    g.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5], GGUFValueType.FLOAT32)
-    g.add_tensor("v.patch_embd.weight", w(d, 3, patch, patch), "f16")
-    g.add_tensor("v.patch_embd.bias", w(d), "f32")
-    g.add_tensor("v.position_embd.weight", w(n_patches, d), "f32")
-    g.add_tensor("v.post_ln.weight", 1 + w(d), "f32")
-    g.add_tensor("v.post_ln.bias", w(d), "f32")
+    g = _clip_writer("idefics3", {"image_size": image, "patch_size": patch, "embedding_length": d,
+                                  "feed_forward_length": ff, "block_count": n_layer, "attention.head_count": n_head,
+                                  "projection_dim": proj, "projector.scale_factor": scale})
+    _siglip_embeddings(g, w, d, patch, n_patches)
     g.add_tensor("mm.model.fc.weight", w(proj, d * scale * scale), "q4_1")
-    up, down = ("ffn_down", "ffn_up") if swapped else ("ffn_up", "ffn_down")
-    for layer in range(n_layer):
-        p = f"v.blk.{layer}."
-        for ln in ("ln1", "ln2"):
-            g.add_tensor(p + ln + ".weight", 1 + w(d), "f32")
-            g.add_tensor(p + ln + ".bias", w(d), "f32")
-        for i, name in enumerate(("attn_q", "attn_k", "attn_v", "attn_out")):
-            g.add_tensor(p + name + ".weight", w(d, d), ("q8_0", "q4_0", "f16", "f32")[i])
-            g.add_tensor(p + name + ".bias", w(d), "f32")
-        g.add_tensor(p + up + ".weight", w(ff, d), "q8_0")
-        g.add_tensor(p + up + ".bias", w(ff), "f32")
-        g.add_tensor(p + down + ".weight", w(d, ff), "q4_0")
-        g.add_tensor(p + down + ".bias", w(d), "f32")
+    _siglip_layers(g, w, d, ff, n_layer, swapped=swapped)
     g.write(path)
     _retype_bf16(path, [f"v.blk.{layer}.attn_v.weight" for layer in range(n_layer)])
+
+
+# The tiny MiniCPM-V 4.6 mmproj seeds (llama.cpp's minicpmv4_6 layout, as tools/convert_minicpmv.py
+# writes it): 16 px slices of 4 px patches (a 4 x 4 grid), width 16, 2 layers. 16x mode: the window
+# merger after layer 0 (so layers run on both sides of it), every bias, a 6 x 6 bucket table;
+# 4x mode: no merger, the connector's optional biases left out, a 5 x 5 table. Width 16 keeps the
+# files small (the connector's W_up alone is 16 x width^2); the quantized formats (blocks of 32)
+# are on the matrices whose rows are 32 or 64 wide, F16 / BF16 / F32 on those of 16.
+MINICPMV_TINY = {"image_size": 16, "patch_size": 4, "embedding_length": 16, "feed_forward_length": 32,
+                 "block_count": 2, "attention.head_count": 2, "projection_dim": 32}
+MINICPMV_MERGER_FF = 32  # the merger's inner width (4 x feed_forward_length in the real model)
+
+
+def _tiny_minicpmv(path: Path, *, mode: str) -> None:
+    import numpy as np
+
+    from edgevlm_ros.engine.preprocess_minicpmv import DOWNSAMPLE_MODES
+    from edgevlm_ros.tools.gguf_writer import GGUFValueType
+
+    rng = np.random.default_rng(4 if mode == "16x" else 5)
+    c = MINICPMV_TINY
+    d, ff, wi, proj = c["embedding_length"], c["feed_forward_length"], MINICPMV_MERGER_FF, c["projection_dim"]
+    merger, buckets = mode == "16x", 6 if mode == "16x" else 5
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    def vec(name: str, n: int, one: bool = False) -> None:
+        g.add_tensor(name, one + w(n), "f32")
+
+    g = _clip_writer("minicpmv4_6", {**c, "projector.scale_factor": DOWNSAMPLE_MODES[mode]})
+    if merger:
+        g.add_array("clip.vision.wa_layer_indexes", [0], GGUFValueType.INT32)
+    _siglip_embeddings(g, w, d, c["patch_size"], buckets * buckets)
+    _siglip_layers(g, w, d, ff, c["block_count"], kinds=("f32", "f16", "f16", "f32", "f16", "q4_1")
+                   if merger else ("f16", "f32", "f16", "f16", "f32", "q8_0"))
+    if merger:
+        m = "v.vit_merger."
+        vec(m + "ln1.weight", d, True)
+        vec(m + "ln1.bias", d)
+        _siglip_attention(g, w, m, d, ("f16", "f32", "f16", "f32"))
+        vec(m + "ds_ln.weight", 4 * d, True)
+        vec(m + "ds_ln.bias", 4 * d)
+        g.add_tensor(m + "ds_ffn_up.weight", w(wi, 4 * d), "q4_0")
+        vec(m + "ds_ffn_up.bias", wi)
+        g.add_tensor(m + "ds_ffn_down.weight", w(d, wi), "q8_0")
+        vec(m + "ds_ffn_down.bias", d)
+    vec("mm.input_norm.weight", 4 * d, True)
+    g.add_tensor("mm.up.weight", w(4 * d, 4 * d), "q4_0" if merger else "q4_1")
+    g.add_tensor("mm.down.weight", w(proj, 4 * d), "q8_0" if merger else "f16")
+    if merger:  # 4x: absent, so zero (llama.cpp's layout makes them optional)
+        vec("mm.input_norm.bias", 4 * d)
+        vec("mm.up.bias", 4 * d)
+        vec("mm.down.bias", proj)
+    g.write(path)
+    # A layer's attn_v as BF16 (written as F16: our writer has no BF16), and in 16x the merger's attn_q.
+    _retype_bf16(path, ["v.blk.1.attn_v.weight", "v.vit_merger.attn_q.weight"] if merger else ["v.blk.0.attn_v.weight"])
 
 
 def _llama_new_formats(path: Path, downs: tuple[str, ...]) -> None:
@@ -279,6 +366,10 @@ GGUF_KEYS = [
     *(f"{n}.bias" for n in ("ln1", "ln2", "attn_q", "attn_k", "attn_v", "attn_out", "ffn_up", "ffn_down")),
     "v.patch_embd.weight", "v.patch_embd.bias", "v.position_embd.weight", "v.post_ln.weight", "v.post_ln.bias",
     "mm.model.fc.weight",
+    # minicpmv4_6: the window merger (16x mode) and the downsample MLP
+    "minicpmv4_6", "clip.vision.wa_layer_indexes", "v.vit_merger.",
+    *(f"{n}.{wb}" for n in ("ds_ln", "ds_ffn_up", "ds_ffn_down", "mm.input_norm", "mm.up", "mm.down")
+      for wb in ("weight", "bias")),
     # qwen35: its keys and the tensors of both kinds of layer
     "qwen35", "blk.2.", "blk.3.",
     *(f"qwen35.{k}" for k in ("context_length", "embedding_length", "feed_forward_length", "block_count",
@@ -320,6 +411,8 @@ def write_seeds(dest: Path = SEEDS, model: Path | None = None) -> list[Path]:
                       kinds=("q8_0", "q4_0", "f16"))
     _tiny_mmproj(g / "mmproj_tiny.gguf", swapped=False)
     _tiny_mmproj(g / "mmproj_tiny_ffn_swapped.gguf", swapped=True)
+    _tiny_minicpmv(g / "minicpmv4_6_tiny_16x.gguf", mode="16x")
+    _tiny_minicpmv(g / "minicpmv4_6_tiny_4x.gguf", mode="4x")
     (g / "every_value_type.gguf").write_bytes(_every_value_type())
     if model is not None:
         # The real file's opening: header, metadata and the start of the vocabulary array.
@@ -368,6 +461,17 @@ def test_seeds_are_small_and_the_valid_ones_build_models() -> None:
             assert m.state_shape["recurrent"] == 3 * 448 and m.state_shape["n_layer"] == 1
     for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
         _engine.VisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
+    # minicpmv4_6: the tile, and the harness's wide slice (scale_factor x 8 patches), in both modes.
+    import numpy as np
+
+    for name, scale, tile_tokens, slice_tokens in (("minicpmv4_6_tiny_16x.gguf", 4, 1, 2),
+                                                    ("minicpmv4_6_tiny_4x.gguf", 2, 4, 4)):
+        v = _engine.VisionModel(_engine.GGUFFile(str(SEEDS / "gguf" / name)), threads=1)
+        assert (v.config["projector"], v.config["scale_factor"], v.config["tokens_per_tile"]) == (
+            "minicpmv4_6", scale, tile_tokens), name
+        patch = v.config["patch_size"]
+        features = v.encode_slice(np.full((3, scale * patch, 8 * patch), -0.5, np.float32))
+        assert features.shape == (slice_tokens, v.config["proj_dim"]) and np.isfinite(features).all(), name
     for p in _seed_files("prefix_cache"):
         if p.suffix == ".evkv":
             ids, _snap = prefix_cache.load(p, FUZZ_KEY)

@@ -10,8 +10,8 @@ interpreter (ASan must be the first library loaded: Python is not built with it;
 - the real-model tests of test/test_text_model.py that reach native code (generation, prefix
   snapshots, bad ids, context overflow, broken files);
 - this file's own checks (below, run only in the child): which engine is loaded, a short text
-  generation with a prefix-cache file round trip, the tiny llama and mmproj fuzz seeds through
-  both models, and every GGUF fuzz regression input.
+  generation with a prefix-cache file round trip, the tiny llama and mmproj fuzz seeds (idefics3
+  and minicpmv4_6) through both models, and every GGUF fuzz regression input.
 It must pass with no sanitizer report. Leak detection is off: CPython frees little at exit by design.
 """
 
@@ -135,6 +135,12 @@ def test_inner_tiny_models_from_the_fuzz_seeds() -> None:
         size = v.config["image_size"]
         out = v.encode(np.random.default_rng(0).standard_normal((1, 3, size, size)).astype(np.float32))
         assert np.isfinite(out).all()
+    # minicpmv4_6, 16x (window merger) and 4x: a slice of a grid of its own, over two threads.
+    for name in ("minicpmv4_6_tiny_16x.gguf", "minicpmv4_6_tiny_4x.gguf"):
+        v = _engine.VisionModel(_engine.GGUFFile(str(seeds / name)), threads=2)
+        p, s = v.config["patch_size"], v.config["scale_factor"]  # s x 8 patches: 8 // s tokens
+        out = v.encode_slice(np.random.default_rng(0).standard_normal((3, s * p, 8 * p)).astype(np.float32))
+        assert out.shape == (8 // s, v.config["proj_dim"]) and np.isfinite(out).all()
 
 
 @inner

@@ -110,7 +110,12 @@ SiglipTower::SiglipTower(const VisionConfig& cfg, const GGUFFile& f, PackArena& 
     alloc(vt_, d * np);
 }
 
-int64_t SiglipTower::max_k() const { return std::max({cfg_.n_embd, cfg_.n_ff, 3 * cfg_.patch_size * cfg_.patch_size}); }
+// The widest row any of its products reads, the compute scratch's width: O_h = S V_h (V^T the weight)
+// has rows of as many floats as tokens, which a kernel that expands each weight row into the scratch
+// (NEON's F32 one) must have room for.
+int64_t SiglipTower::max_k() const {
+    return std::max({cfg_.n_embd, cfg_.n_ff, 3 * cfg_.patch_size * cfg_.patch_size, max_tokens_});
+}
 
 // Every element-wise step runs over the thread pool in ranges of tokens, fused per token where
 // one step feeds the next: the bias of a product, the residual add and the next layernorm in one

@@ -1,5 +1,5 @@
 // libFuzzer harness for the GGUF reader and the two model loaders (text decoder, vision tower
-// mmproj). Built by test/test_fuzz.py and scripts/fuzz_long.sh with clang
+// mmproj: idefics3 and minicpmv4_6). Built by test/test_fuzz.py and scripts/fuzz_long.sh with clang
 // -fsanitize=fuzzer,address,undefined from the same sources as the extension (buildinfo.py),
 // except native/mapped_file.cpp, which this file replaces (see below).
 //
@@ -10,7 +10,8 @@
 //   3. Decoder (n_ctx 8) and VisionModel are constructed from whatever loaded; each must
 //      succeed or refuse with GGUFError (a bad file) or UnsupportedModel (an architecture the
 //      registry does not hold); their shape and key checks are fuzzed too;
-//   4. a model that was built runs once (one token, or one image tile of zeros), so the kernels
+//   4. a model that was built runs once (one token, or one image tile: for a family whose
+//      slices have grids of their own, minicpmv4_6, a slice of another grid), so the kernels
 //      meet whatever shapes and weight bytes the checks let through; a decoder's sequence state
 //      (KV cache and, for a hybrid decoder such as qwen35, its recurrent state) is then snapshotted,
 //      reset and restored before the second token, as a prefix cache does.
@@ -141,12 +142,32 @@ void try_clip(const std::shared_ptr<const evn::GGUFFile>& f) {
     }
     const evn::VisionConfig& c = m->config();
     // A model too big to encode quickly is still constructed (and so checked), not run.
-    const int64_t np = c.n_patches(), d = c.n_embd;
-    const int64_t work = np * (2 * np * d + d * (3 * c.patch_size * c.patch_size + 4 * d + 2 * c.n_ff)) * c.n_layer;
-    if (work > 50'000'000) return;
-    std::vector<float> pixels(static_cast<size_t>(3 * c.image_size * c.image_size), 0.25f);
-    std::vector<float> out(static_cast<size_t>(c.n_out() * c.proj_dim));
-    m->encode(pixels.data(), out.data());
+    const int64_t d = c.n_embd;
+    auto cheap = [&](int64_t np) {
+        return np * (2 * np * d + d * (3 * c.patch_size * c.patch_size + 4 * d + 2 * c.n_ff)) * c.n_layer <= 50'000'000;
+    };
+    // A family whose slices have grids of their own (minicpmv4_6) encodes one slice that is not the
+    // square tile, so its position rows come from the bucket table at a grid of their own:
+    // scale_factor rows of twice the tile's columns. That is at most twice the tile's patches (the
+    // bound on a slice; exactly it when the tile is scale_factor patches a side, as in the seeds),
+    // so the grid is valid for every mmproj that loaded: a refusal escapes and is a finding. (Its
+    // square tile takes the same code at other numbers: not run too, it would cost a third more.)
+    bool slice = true;
+    int64_t gh = c.scale_factor, gw = 2 * c.side(), n_tokens = 0;
+    try {
+        n_tokens = m->tokens(gh, gw);
+    } catch (const std::invalid_argument&) {  // fixed square tiles only (idefics3): one tile
+        slice = false;
+        gh = gw = c.side();
+        n_tokens = c.n_out();
+    }
+    if (!cheap(gh * gw)) return;
+    std::vector<float> pixels(static_cast<size_t>(3 * gh * gw * c.patch_size * c.patch_size), 0.25f);
+    std::vector<float> out(static_cast<size_t>(n_tokens * c.proj_dim));
+    if (slice)
+        m->encode_grid(pixels.data(), gh, gw, out.data());
+    else
+        m->encode(pixels.data(), out.data());
     g_sink = g_sink + (out[0] == out[0]);
 }
 
