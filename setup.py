@@ -21,8 +21,9 @@ sources = buildinfo.sources() + buildinfo.binding_sources()
 cflags = ["-O3", *buildinfo.WARNINGS, "-fvisibility=hidden", "-fno-math-errno"]
 ldflags: list[str] = []
 if os.environ.get("EDGEVLM_SANITIZE"):
-    # ASan + UBSan build for the test suite (run with LD_PRELOAD of libasan, see Makefile).
-    cflags = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-Wall", "-Wextra"]
+    # ASan + UBSan build for the test suite (run with LD_PRELOAD of libasan, see Makefile). -g1:
+    # line tables only, so reports name function, file and line; full -g costs ~1.7x the compile time.
+    cflags = ["-O1", "-g1", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-Wall", "-Wextra"]
     ldflags = ["-fsanitize=address,undefined"]
 
 ext = Pybind11Extension(

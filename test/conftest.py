@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +43,19 @@ def hf_model(text_model_path: Path) -> Any:
     )
     model.eval()
     return model
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The native programs the selected tests build (their modules' BUILD_AHEAD), started in the
+    background now (native_build.build_ahead: lowest CPU priority, so only idle CPU time)."""
+    builders = [b for item in session.items for b in getattr(getattr(item, "module", None), "BUILD_AHEAD", ())]
+    if builders:
+        import native_build
+
+        native_build.build_ahead(builders)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    nb = sys.modules.get("native_build")
+    if nb is not None:
+        nb.stop_building_ahead()

@@ -9,17 +9,29 @@ compile the kernels once, and a program is relinked, not recompiled, when only i
 The ASan + UBSan programs link against the objects of the sanitized extension build
 (`sanitized_objects`, setup.py with EDGEVLM_SANITIZE=1, into build/asan): that build is made once
 for test_native.py's checks and test_sanitized_extension.py's child pytest alike.
+
+Built ahead: a test module lists the no-argument builders its tests call (decorated with
+`@ahead`) in BUILD_AHEAD; conftest.py hands those of the selected tests to `build_ahead` when
+collection ends, and a child process per builder, one after another at the lowest CPU priority
+(nice 19), compiles them into the caches above while the tests before them run: on two cores the
+suite leaves one core idle much of the time (single-threaded tests, ROS processes waiting on
+DDS). A test calling a builder waits for its child if it is running (a builder not started yet
+is dropped from the queue and built in the test at normal priority), then builds as usual, now
+from the caches. A child that fails is ignored: the test's own build reports the error.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -100,15 +112,122 @@ def build_program(name: str, main: str, sources: Sequence[str], compiler: str = 
 
 
 # --------------------------------------------------------------------------------------------
+# Building ahead, in the background
+
+AHEAD_LOG = BUILD / "ahead.log"
+
+
+class _Ahead:
+    """The queue of builders `build_ahead` was given and the child building the current one."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queue: list[str] = []
+        self.current: str | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.stopped = False
+        self.thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        BUILD.mkdir(parents=True, exist_ok=True)
+        with open(AHEAD_LOG, "ab") as log:
+            while True:
+                with self.lock:
+                    if self.stopped or not self.queue:
+                        self.current = self.child = None
+                        return
+                    self.current = self.queue.pop(0)
+                    # Its own process group, so that `stop_building_ahead` ends its compilers too.
+                    self.child = subprocess.Popen(
+                        ["nice", "-n", "19", sys.executable, str(Path(__file__).resolve()), "ahead", self.current],
+                        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+                    child = self.child
+                child.wait()
+
+    def claim(self, key: str) -> None:
+        """Returns once no child builds `key` and none will."""
+        with self.lock:
+            if key in self.queue:
+                self.queue.remove(key)
+            child = self.child if self.current == key else None
+        if child is not None:
+            if child.poll() is None:
+                # A test waits for it now: normal priority (where allowed: raising it needs CAP_SYS_NICE).
+                try:
+                    os.setpriority(os.PRIO_PGRP, child.pid, 0)
+                except OSError:
+                    pass
+            child.wait()
+
+
+_AHEAD = _Ahead()
+
+
+def _key(builder: Callable[[], object]) -> str:
+    return f"{builder.__module__}:{builder.__qualname__}"
+
+
+def ahead(builder: Callable[[], Path]) -> Callable[[], Path]:
+    """Marks a no-argument builder as one `build_ahead` may run ahead: calling it first waits for
+    (or cancels) its background child, then builds (from the caches, if the child finished)."""
+
+    @functools.wraps(builder)
+    def build() -> Path:
+        _AHEAD.claim(_key(builder))
+        return builder()
+
+    build.ahead_key = _key(builder)  # type: ignore[attr-defined]
+    return build
+
+
+def build_ahead(builders: Sequence[Callable[[], Path]]) -> None:
+    """Starts building `builders` (each marked with `ahead`), in order, each once, in the background."""
+    keys = list(dict.fromkeys(b.ahead_key for b in builders))  # type: ignore[attr-defined]
+    if not keys:
+        return
+    with _AHEAD.lock:
+        _AHEAD.queue += [k for k in keys if k not in _AHEAD.queue and k != _AHEAD.current]
+        if _AHEAD.thread is None or not _AHEAD.thread.is_alive():
+            _AHEAD.stopped = False
+            _AHEAD.thread = threading.Thread(target=_AHEAD.run, name="native-build-ahead", daemon=True)
+            _AHEAD.thread.start()
+
+
+def stop_building_ahead() -> None:
+    """Drops what is queued and ends the running child with its compilers (at the session's end)."""
+    with _AHEAD.lock:
+        _AHEAD.stopped = True
+        _AHEAD.queue.clear()
+        child = _AHEAD.child
+    if child is not None and child.poll() is None:
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        child.wait()
+
+
+def _run_ahead(key: str) -> None:
+    """In the child: imports the builder's module (a test module, from test/) and runs it."""
+    module, _, name = key.partition(":")
+    test_dir = str(Path(__file__).resolve().parent)
+    if test_dir not in sys.path:
+        sys.path.insert(0, test_dir)
+    getattr(importlib.import_module(module), name)()
+
+
+# --------------------------------------------------------------------------------------------
 # The sanitized extension (ASan + UBSan)
 
-SANITIZE = ("-fsanitize=address,undefined", "-g", "-fno-omit-frame-pointer")
+# -g1 (line tables: reports name function, file and line) as setup.py's sanitized build.
+SANITIZE = ("-fsanitize=address,undefined", "-g1", "-fno-omit-frame-pointer")
 # UBSan's reports are fatal in the programs as in the extension's child pytest (the extension's
 # objects are built recoverable: setup.py's EDGEVLM_SANITIZE flags).
 SANITIZED_RUN_ENV = {"UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
 
 
 @functools.cache
+@ahead
 def sanitized_build() -> Path:
     """setup.py's ASan + UBSan build of the extension into build/asan (lib/ and tmp/, the objects);
     setuptools rebuilds only when a source or header is newer than the built module. Once per process."""
@@ -147,3 +266,10 @@ def build_sanitized_package() -> Path:
     shutil.copytree(ROOT / "edgevlm_ros", dest, ignore=shutil.ignore_patterns("__pycache__", "_engine*.so"))
     shutil.copy2(built[0], dest / built[0].name)
     return ASAN / "pkg"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "ahead":
+        _run_ahead(sys.argv[2])
+    else:
+        sys.exit("usage: native_build.py ahead MODULE:BUILDER")

@@ -83,6 +83,7 @@ def fuzzer_sources() -> list[str]:
     return ["native/tests/fuzz_gguf.cpp", *(s for s in buildinfo.sources() if s != "native/mapped_file.cpp")]
 
 
+@nb.ahead
 def build_fuzzer() -> Path:
     """Compiles once per distinct input (native_build.py: objects cached per source, headers, flags
     and compiler); the harness is linked into build/fuzz."""
@@ -90,6 +91,9 @@ def build_fuzzer() -> Path:
         pytest.fail(f"{CXX} missing: scripts/setup.sh installs clang-14 and libclang-rt-14-dev (root + apt)")
     flags = fuzzer_flags()
     return nb.link("fuzz_gguf", nb.compile_objects(fuzzer_sources(), CXX, flags), CXX, flags, folder=BUILD)
+
+
+BUILD_AHEAD = (build_fuzzer,)  # conftest.py: built in the background while the tests before these run
 
 
 def _check_clean(out: str) -> None:

@@ -23,6 +23,41 @@ import buildinfo  # noqa: E402
 
 CROSS = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
+GGUF_CHECK_SOURCES = ["native/gguf.cpp", "native/mapped_file.cpp", "kernels/formats/formats.cpp",
+                      "kernels/formats/kquants.cpp"]
+
+
+# The programs, each built once per distinct input (native_build.py's caches) and ahead of the
+# tests (BUILD_AHEAD, conftest.py), in the order the tests below use them.
+@nb.ahead
+def kernel_check() -> Path:
+    return nb.build_program("kernel_check", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True))
+
+
+@nb.ahead
+def kernel_check_aarch64() -> Path:
+    return nb.build_program("kernel_check-aarch64", "kernels/tests/kernel_check.cpp",
+                            buildinfo.sources(kernels_only=True), compiler=CROSS, extra=("-static",))
+
+
+@nb.ahead
+def alloc_check() -> Path:
+    return nb.build_program("alloc_check", "native/tests/alloc_check.cpp", buildinfo.sources())
+
+
+# The extension's own ASan + UBSan objects (the build test_sanitized_extension.py runs against).
+@nb.ahead
+def gguf_check_asan() -> Path:
+    return nb.build_sanitized_program("gguf_check-asan", "native/tests/gguf_check.cpp", GGUF_CHECK_SOURCES)
+
+
+@nb.ahead
+def kernel_check_asan() -> Path:
+    return nb.build_sanitized_program("kernel_check-asan", "kernels/tests/kernel_check.cpp",
+                                      buildinfo.sources(kernels_only=True))
+
+
+BUILD_AHEAD = (kernel_check, kernel_check_aarch64, alloc_check, gguf_check_asan, kernel_check_asan)
 
 
 def _run(cmd: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> str:
@@ -35,8 +70,7 @@ def _run(cmd: list[str], timeout: int = 600, env: dict[str, str] | None = None) 
 
 
 def test_every_x86_kernel_variant_matches_the_reference() -> None:
-    exe = nb.build_program("kernel_check", "kernels/tests/kernel_check.cpp", buildinfo.sources(kernels_only=True))
-    out = _run([str(exe)])
+    out = _run([str(kernel_check())])
     print(out.splitlines()[-1])
 
 
@@ -50,9 +84,7 @@ def test_arm_kernel_variants_under_qemu(cpu: str, expect_dotprod: bool) -> None:
     """NEON (and, where the emulated CPU has them, dotprod and i8mm) variants against the reference.
     cortex-a53 lacks both: their variants must be skipped and the plain NEON one still checked."""
     _need_cross_tools()
-    exe = nb.build_program("kernel_check-aarch64", "kernels/tests/kernel_check.cpp",
-                           buildinfo.sources(kernels_only=True), compiler=CROSS, extra=("-static",))
-    out = _run([QEMU, "-cpu", cpu, str(exe)])
+    out = _run([QEMU, "-cpu", cpu, str(kernel_check_aarch64())])
     assert "neon=1" in out
     assert (f"dotprod={int(expect_dotprod)}") in out
     assert ("skip matmul/neon_q8act_dot" in out) is not expect_dotprod
@@ -63,8 +95,7 @@ def test_arm_kernel_variants_under_qemu(cpu: str, expect_dotprod: bool) -> None:
 
 
 def test_no_heap_allocation_per_decoded_token(text_model_path: Path) -> None:
-    exe = nb.build_program("alloc_check", "native/tests/alloc_check.cpp", buildinfo.sources())
-    out = _run([str(exe), str(text_model_path), "100", "2"])
+    out = _run([str(alloc_check()), str(text_model_path), "100", "2"])
     assert "decode: 100 steps, 0 heap allocations" in out, out
     assert "generate with choices: 100 tokens (complete)" in out and "0 failed" in out, out
 
@@ -101,10 +132,7 @@ def _hostile_corpus(src: Path, dest: Path, n_mutations: int = 300) -> list[Path]
 
 
 def test_gguf_reader_and_kernels_under_asan_ubsan(text_model_path: Path, tmp_path: Path) -> None:
-    # The extension's own ASan + UBSan objects (the build test_sanitized_extension.py runs against).
-    reader = nb.build_sanitized_program("gguf_check-asan", "native/tests/gguf_check.cpp",
-                                        ["native/gguf.cpp", "native/mapped_file.cpp", "kernels/formats/formats.cpp",
-                                         "kernels/formats/kquants.cpp"])
+    reader = gguf_check_asan()
     env = nb.SANITIZED_RUN_ENV
     corpus = _hostile_corpus(text_model_path, tmp_path / "corpus")
     out = _run([str(reader), str(text_model_path), *map(str, corpus)], env=env)
@@ -120,7 +148,5 @@ def test_gguf_reader_and_kernels_under_asan_ubsan(text_model_path: Path, tmp_pat
     out = _run([str(reader), *map(str, cuts)], env=env)
     assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out
     assert f"loaded 0, refused {len(cuts)}" in out, out
-    kernels = nb.build_sanitized_program("kernel_check-asan", "kernels/tests/kernel_check.cpp",
-                                         buildinfo.sources(kernels_only=True))
-    out = _run([str(kernels)], env=env)
+    out = _run([str(kernel_check_asan())], env=env)
     assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out

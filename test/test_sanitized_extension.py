@@ -29,6 +29,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = nb.ASAN / "pkg"
 INNER = os.environ.get("EDGEVLM_SANITIZED_INNER") == "1"
+# conftest.py: built in the background while the tests before this one run (not in the child).
+BUILD_AHEAD = () if INNER else (nb.sanitized_build,)
 TEXT_MODEL_TESTS = " or ".join((
     "test_prefix_restore_equals_recomputing_the_whole_prompt", "test_prefix_logits_are_bitwise_equal",
     "test_generation_stops_and_reports", "test_bad_token_ids_and_context_overflow_raise",
