@@ -476,3 +476,108 @@ def test_peer_prefix_cache_on_a_recurrent_model(tmp_path):
         np.testing.assert_allclose(cached[0], whole, rtol=1e-4, atol=1e-5)
     finally:
         peer.close()
+
+
+# -- MiniCPM-V 4.6: the encode of one 448 slice, its flop count and the GEMM peak -----------------
+
+# A random MiniCPMV4_6ForConditionalGeneration at small widths (so transformers' forward and our
+# encode take a second) but the real slice: 448 px at patch 14 (1024 tokens), 3 vision layers with
+# the window merger after layer 0, eager attention so torch's flop counter sees every product.
+TINY_VISION = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4}
+TINY_TEXT = {"hidden_size": 32, "intermediate_size": 64, "vocab_size": 256, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+             "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+
+
+@pytest.fixture(scope="module")
+def tiny_minicpmv(tmp_path_factory):
+    """(the transformers model, {mode: our mmproj of it})."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "test"))
+    try:
+        from minicpmv_fixtures import minicpmv_config_dict
+    finally:
+        sys.path.pop(0)
+    from transformers import MiniCPMV4_6Config, MiniCPMV4_6ForConditionalGeneration
+    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
+
+    from edgevlm_ros.tools.convert_minicpmv import convert_minicpmv_mmproj
+
+    cfg = minicpmv_config_dict(3, 0, 1)
+    cfg["vision_config"].update(TINY_VISION)
+    cfg["text_config"].update(TINY_TEXT)
+    config = MiniCPMV4_6Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    config._attn_implementation = config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = MiniCPMV4_6ForConditionalGeneration(config).eval()
+    hf = tmp_path_factory.mktemp("tiny-minicpmv")
+    model.save_pretrained(str(hf))
+    MiniCPMV4_6ImageProcessorPil().save_pretrained(str(hf))
+    return model, {m: convert_minicpmv_mmproj(hf, hf / m, "f32", downsample_mode=m) for m in ("16x", "4x")}
+
+
+_TORCH_FLOPS: dict[tuple[int, int, str], int] = {}
+
+
+def _torch_flops(model, gh: int, gw: int, mode: str) -> int:
+    """torch's own count (FlopCounterMode: convolutions, addmm, bmm) of transformers' encode of one
+    gh x gw-patch slice (counted once per module run)."""
+    if (gh, gw, mode) in _TORCH_FLOPS:
+        return _TORCH_FLOPS[gh, gw, mode]
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    pv = torch.randn(1, 3, 14, gh * gw * 14)  # the processor's packing: one slice's patches side by side
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.model.get_image_features(pixel_values=pv, target_sizes=torch.tensor([[gh, gw]]), downsample_mode=mode)
+    _TORCH_FLOPS[gh, gw, mode] = int(counter.get_total_flops())
+    return _TORCH_FLOPS[gh, gw, mode]
+
+
+@pytest.mark.parametrize(("mode", "grid"), [("16x", (32, 32)), ("4x", (32, 32)), ("16x", (16, 40))])
+def test_minicpmv_flop_count_matches_torch(tiny_minicpmv, mode, grid):
+    """vision_cost's count, from the mmproj alone, equals torch's flop counter on transformers' forward."""
+    from edgevlm_ros.tools import vision_cost
+
+    model, mmproj = tiny_minicpmv
+    vis = _engine.VisionModel(_engine.GGUFFile(str(mmproj[mode])), 1)
+    shape = vision_cost.MiniCPMVShape.from_mmproj(mmproj[mode], vis.config)
+    assert (shape.insert_layer, shape.merger_ffn) == ((0, 4 * 96) if mode == "16x" else (None, 0))
+    ours = vision_cost.minicpmv_slice_flops(shape, *grid)
+    assert ours["total"] == _torch_flops(model, *grid, mode)
+    assert ours["total"] == sum(v for k, v in ours.items() if k not in ("total", "attention"))
+
+
+def test_bench_minicpmv_encode_rows(tiny_minicpmv, capsys, text_model_path):
+    """--mmproj of a MiniCPM-V 4.6 pair: the encode of one 448 slice (encode_slice) and its share of
+    the FP32 GEMM peak appear with numbers, the flops in the JSON being the independent count."""
+    model, mmproj = tiny_minicpmv
+    rc = bench.main(["--quick", "--model", str(text_model_path), "--mmproj", str(mmproj["16x"]), "--no-peer",
+                     "--no-rss", "--prefill-tokens", "4", "--decode-tokens", "2", "--bandwidth-mib", "8", "--json"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    by_key = {r["key"]: r for r in result["rows"]}
+    encode, share = by_key["vision_encode"], by_key["vision_encode_peak"]
+    assert encode["label"] == "vision encode, one 448x448 slice" and encode["ours"] > 0
+    vision = result["vision"]
+    assert vision["flops"]["total"] == _torch_flops(model, 32, 32, "16x")
+    peak = vision["gemm_peak"]
+    assert peak["gflops"] > 0 and set(peak["by_format"]) == {"F32"}  # the tiny tower is F32
+    assert share["ours"] == pytest.approx(vision["flops"]["total"] / (encode["ours"] / 1e3) / peak["gflops"] / 1e7)
+    assert "| vision encode: FLOP/s / FP32 GEMM peak | % |" in captured.err
+
+
+def test_gemm_peak_follows_the_profile(restore_optable):
+    """The peak is the GEMM of the active operator table: on the robot profile no AVX-512 / AMX one."""
+    import argparse
+
+    from edgevlm_ros.tools import vision_cost
+
+    if not _engine.cpu_features()["avx2"]:
+        pytest.skip("needs an AVX2 CPU")
+    args = bench.add_bench_arguments(argparse.ArgumentParser()).parse_args(["--profile", "robot", "--no-peer"])
+    bench.apply_profile(bench.config_from_args(args))
+    peak = vision_cost.measure_gemm_peak(["F32", "F16"], 2, (256, 256, 64), repeats=1)
+    assert peak["variant"] == "avx2_gemm" and set(peak["by_format"]) == {"F32", "F16"}
+    assert peak["gflops"] == max(p["gflops"] for p in peak["by_format"].values()) > 0

@@ -59,6 +59,7 @@ import numpy as np
 
 from ..engine import optable
 from ..engine.argtypes import command_main, positive_int
+from . import vision_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -872,7 +873,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         peer = None
 
     # Vision encode.
-    rows.append(_vision_row(cfg, result))
+    rows.extend(_vision_rows(cfg, result))
 
     # Peak RSS: a child process per engine (load, prefill, decode).
     rss_row = Row("peak_rss", "peak RSS (load + prefill + decode)", "MiB", False)
@@ -920,32 +921,40 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     return result
 
 
-def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
+MINICPMV = "minicpmv4_6"
+
+
+def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
+    """The vision encode of one tile (SmolVLM: a square tile through encode(); MiniCPM-V 4.6: one
+    448 slice through encode_slice()), ours and llama-mtmd-cli's; for MiniCPM-V also the share of
+    the GEMM peak the encode reaches (flops counted from the mmproj: tools/vision_cost.py)."""
     from .. import _engine
 
     row = Row("vision_encode", "vision encode, one 512x512 tile", "ms", False)
     if not cfg.vision:
         row.note = "not run (--no-vision)"
-        return row
+        return [row]
     log = cfg.log
     try:
         if cfg.mmproj is not None:
-            mmproj, text = cfg.mmproj, None
+            mmproj, text = cfg.mmproj, cfg.model  # llama.cpp runs it with --model as its text half
         else:
             text, mmproj = build_vision_model(cfg.cache_dir, cfg.vision_layers, log)
     except (RuntimeError, ValueError, OSError, ImportError) as exc:
         row.note = f"skipped: {exc}"
-        return row
+        return [row]
     vis = _engine.VisionModel(_engine.GGUFFile(str(mmproj)), threads=cfg.threads)
     vcfg = vis.config
     size = int(vcfg["image_size"])
-    row.label = f"vision encode, one {size}x{size} tile"
+    slices = vcfg["projector"] == MINICPMV
+    row.label = f"vision encode, one {size}x{size} {'slice' if slices else 'tile'}"
     rng = np.random.default_rng(0)
-    pixels = rng.uniform(-1.0, 1.0, (1, 3, size, size)).astype(np.float32)
+    pixels = rng.uniform(-1.0, 1.0, (3, size, size) if slices else (1, 3, size, size)).astype(np.float32)
+    encode = vis.encode_slice if slices else vis.encode
 
     def ours_once() -> float:
         t0 = time.perf_counter()
-        vis.encode(pixels)
+        encode(pixels)
         return (time.perf_counter() - t0) * 1e3
 
     cli = find_mtmd_cli(cfg.mtmd_cli) if cfg.peer else None
@@ -954,25 +963,19 @@ def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
     image_path: Path | None = None
     if cfg.peer and cli is None:
         peer_note = "llama.cpp: no llama-mtmd-cli binary found (scripts/install_bench_extra.sh --with-mtmd builds one)"
-    elif cli is not None and text is None:
-        peer_note = "llama.cpp: needs the text GGUF beside --mmproj; not run"
-        cli = None
     peer_proj = mmproj
-    if cli is not None:
+    if cli is not None and not slices:  # MiniCPM-V's 448x448 frame is one view as it is: no copy needed
         try:
             peer_proj = peer_mmproj(mmproj, size)
         except (ValueError, OSError) as exc:
             peer_note = f"llama.cpp: {exc}"
             cli = None
     if cli is not None:
-        import cv2
-
-        image_path = Path(tempfile.mkdtemp(prefix="edgevlm-bench-")) / "tile.png"
-        cv2.imwrite(str(image_path), rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+        image_path = _random_image(size, size, rng)
 
     def peer_once() -> float:
         nonlocal peer_note
-        assert cli is not None and text is not None and image_path is not None
+        assert cli is not None and image_path is not None
         times, err = _peer_vision_once(cli, text, peer_proj, image_path, cfg.threads)
         if err:
             peer_note = err
@@ -980,6 +983,9 @@ def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
         peer_samples.extend(times)
         return float(statistics.median(times))
 
+    peak = _EncodePeak(cfg, mmproj, vcfg) if slices else None
+    if peak is not None:
+        peak.measure("before the encode")
     log(f"[bench] vision encode ({vcfg['n_layer']} layers, {size}x{size}) x{cfg.repeats}"
         + (f", llama.cpp via {cli}" if cli else ""))
     # No warm-up run: one encode costs seconds, and paging in the weights is a small part of it.
@@ -991,14 +997,70 @@ def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
     notes = [f"{vcfg['n_layer']} layers, width {vcfg['n_embd']}, random weights"]
     if peer_note:
         notes.append(peer_note)
+    elif cli and slices:
+        notes.append("llama.cpp: 'mtmd batch encoding done' of llama-mtmd-cli on a 448x448 image (its source "
+                     "view, no slices: one 448 slice)")
     elif cli:
         notes.append("llama.cpp: median time per encoded tile printed by llama-mtmd-cli (its mmproj copy has "
                      "preproc_image_size = one tile, so a frame is one tile + llama.cpp's global view)")
     row.note = "; ".join(notes)
-    result["vision"] = {"mmproj": str(mmproj), "config": dict(vcfg), "peer_cli": cli}
+    result["vision"] = {"mmproj": str(mmproj), "config": dict(vcfg), "peer_cli": cli, "variants": vis.variants()}
     if image_path is not None:
         shutil.rmtree(image_path.parent, ignore_errors=True)
-    return row
+    if peak is None:
+        return [row]
+    peak.measure("after the encode")
+    return [row, peak.row(row, result)]
+
+
+def _random_image(width: int, height: int, rng: np.random.Generator) -> Path:
+    """A random RGB PNG in a fresh temporary folder (the caller removes the folder)."""
+    import cv2
+
+    path = Path(tempfile.mkdtemp(prefix="edgevlm-bench-")) / f"frame-{width}x{height}.png"
+    cv2.imwrite(str(path), rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    return path
+
+
+class _EncodePeak:
+    """The FP32 GEMM peak (in the active profile) measured right before and right after the encode
+    runs, the higher kept (the host's other load moves it as it moves the bandwidth), and the row:
+    flops of one 448 slice / encode time / that peak."""
+
+    def __init__(self, cfg: BenchConfig, mmproj: Path, vcfg: Mapping[str, Any]) -> None:
+        from .. import _engine
+
+        self.cfg = cfg
+        self.side = int(vcfg["image_size"]) // int(vcfg["patch_size"])
+        shape = vision_cost.MiniCPMVShape.from_mmproj(mmproj, vcfg)
+        self.flops = vision_cost.minicpmv_slice_flops(shape, self.side, self.side)
+        tensors = _engine.GGUFFile(str(mmproj)).tensors()
+        self.formats = ["F32", next(t["type"] for t in tensors if t["name"] == "v.blk.0.attn_q.weight")]
+        self.runs: list[dict[str, Any]] = []
+
+    def measure(self, when: str) -> None:
+        self.cfg.log(f"[bench] FP32 GEMM peak {when} ({'x'.join(map(str, vision_cost.PEAK_SHAPE))}, "
+                     f"{' and '.join(dict.fromkeys(self.formats))} weights)")
+        self.runs.append(vision_cost.measure_gemm_peak(self.formats, self.cfg.threads, repeats=self.cfg.repeats))
+
+    def row(self, encode: Row, result: dict[str, Any]) -> Row:
+        peak = max(self.runs, key=lambda r: r["gflops"])
+        result["vision"]["flops"] = self.flops
+        result["vision"]["gemm_peak"] = {**peak, "all_runs_gflops": [r["gflops"] for r in self.runs]}
+        total = self.flops["total"]
+        seen = "/".join(f"{r['gflops']:.0f}" for r in self.runs)
+
+        def share(ms: float | None) -> float | None:
+            return total / (ms / 1e3) / (peak["gflops"] * 1e9) * 100 if ms else None
+
+        row = Row("vision_encode_peak", "vision encode: FLOP/s / FP32 GEMM peak", "%", True,
+                  share(encode.ours), share(encode.peer))
+        row.note = (f"{total / 1e9:.1f} GFLOP per {self.side}x{self.side}-patch slice (attention "
+                    f"{self.flops['attention'] / 1e9:.1f}; docs/kernels/vision-flops.md); peak "
+                    f"{peak['gflops']:.0f} GFLOP/s: {peak['variant']} on {peak['format']} weights, "
+                    f"{'x'.join(map(str, peak['shape']))}, {self.cfg.threads} threads (the higher of "
+                    f"{seen}, before and after the encode)")
+        return row
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -1099,7 +1161,7 @@ def write_png(result: dict[str, Any], path: Path) -> None:
     bars = []
     for r in result["rows"]:
         ratio = r["ratio_ours_over_peer"]
-        if ratio is None or r["key"] in ("decode_ms", "decode_bound"):
+        if ratio is None or r["key"] in ("decode_ms", "decode_bound", "vision_encode_peak"):
             continue
         speed = ratio if r["higher_is_better"] else 1.0 / ratio if ratio else 0.0
         bars.append((r["label"], speed))
@@ -1159,7 +1221,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--no-vision", action="store_true", help="skip the vision encoder")
     parser.add_argument("--vision-layers", type=positive_int, default=None,
                         help="layers of the random vision tower (12, as SmolVLM-256M)")
-    parser.add_argument("--mmproj", default=None, help="time this mmproj instead of a random one (ours only)")
+    parser.add_argument("--mmproj", default=None,
+                        help="time this mmproj instead of a random one (llama.cpp runs it with --model as its "
+                        "text half)")
     parser.add_argument("--mtmd-cli", default=None, help="llama.cpp's llama-mtmd-cli (default: venv, then PATH)")
     parser.add_argument("--cache-dir", default=None, help="where the random vision model is kept "
                         "(~/.cache/edgevlm_ros/bench)")
