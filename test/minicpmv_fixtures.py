@@ -26,6 +26,7 @@ consults is gated on torchvision, which must not be installed (REFERENCE-NOTES).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -43,6 +44,7 @@ from qwen35_fixtures import (
 
 VISION_WIDTH, VISION_FFN, VISION_HEADS, PATCH, BUCKET_IMAGE = 1152, 4304, 16, 14, 980
 STD, LN_STD, LN_BIAS_STD = 0.02, 0.1, 0.05
+IMAGE_PAD_ID = 248056
 _VERSION = 1
 
 
@@ -56,6 +58,7 @@ def minicpmv_config_dict(vision_layers: int, insert_layer_id: int, text_layers: 
         "merge_kernel_size": [2, 2],
         "merger_times": 1,
         "tie_word_embeddings": False,
+        "image_token_id": IMAGE_PAD_ID, "video_token_id": IMAGE_PAD_ID + 1,  # <|image_pad|>, <|video_pad|>
         "vision_config": {"model_type": "minicpmv4_6_vision", "hidden_size": VISION_WIDTH,
                           "intermediate_size": VISION_FFN, "num_hidden_layers": vision_layers,
                           "num_attention_heads": VISION_HEADS, "patch_size": PATCH, "image_size": BUCKET_IMAGE,
@@ -100,7 +103,7 @@ def _write_checkpoint(out: Path, vision_layers: int, insert_layer_id: int, text_
     saved["architectures"] = cfg["architectures"]
     (out / "config.json").write_text(json.dumps(saved, indent=2))
     MiniCPMV4_6ImageProcessorPil().save_pretrained(str(out))
-    for f in tokenizer_dir().iterdir():
+    for f in minicpmv_tokenizer_dir().iterdir():  # Qwen3.5's and MiniCPM-V's image tokens
         if f.is_file() and f.name != _MARKER:
             shutil.copy2(f, out / f.name)
 
@@ -123,6 +126,37 @@ def cached_minicpmv_llama_cpp_mmproj(hf: Path) -> Path:
     name = "mmproj-f32.gguf"
     build_once(out, args, lambda tmp: run_llama_cpp_converter(hf, tmp / name, "f32", "--mmproj", no_mtp=False))
     return out / name
+
+
+def cached_minicpmv_llama_cpp_text(hf: Path) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py (F32, --no-mtp: the checkpoint has no MTP layers) text file of
+    that checkpoint, built once."""
+    args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "llama_cpp": LLAMA_CPP_VERSION}
+    out = cache_root() / f"{hf.name}-llama-cpp-text"
+    name = "text-f32.gguf"
+    build_once(out, args, lambda tmp: run_llama_cpp_converter(hf, tmp / name, "f32"))
+    return out / name
+
+
+def cached_minicpmv_pair(hf: Path) -> dict[str, Path]:
+    """Our converter's files of that checkpoint, F32, built once: "text" (arch qwen35) and the mmproj
+    per downsample mode ("16x", "4x"). The key hashes the converter's sources, so a changed
+    converter never serves stale files."""
+    from edgevlm_ros.tools import convert, convert_minicpmv, convert_qwen35, gguf_writer
+
+    sources = hashlib.sha256(b"".join(Path(m.__file__).read_bytes()
+                                      for m in (convert, convert_minicpmv, convert_qwen35, gguf_writer)))
+    args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "converter": sources.hexdigest()}
+    out = cache_root() / f"{hf.name}-ours-f32"
+
+    def write(tmp: Path) -> None:
+        convert_qwen35.convert_qwen35(hf, tmp / "text", "f32")
+        for mode in ("16x", "4x"):
+            convert_minicpmv.convert_minicpmv_mmproj(hf, tmp / mode, "f32", downsample_mode=mode)
+
+    build_once(out, args, write)
+    return {"text": next((out / "text").glob("*.gguf")),
+            **{mode: next((out / mode).glob("*.gguf")) for mode in ("16x", "4x")}}
 
 
 ADDED = ("<image>", "</image>", "<video>", "</video>", "<slice>", "</slice>", "<image_id>", "</image_id>")

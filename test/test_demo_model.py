@@ -270,7 +270,7 @@ def test_record_matches_the_committed_mmproj(demo_vlm: Any) -> None:
     assert meta["clip.projector_type"] == "idefics3"
     assert meta["clip.vision.image_size"] == record["vision"]["image_size"]
     assert meta["clip.vision.block_count"] == record["vision"]["layers"]
-    assert demo_vlm.preprocess_config.image_seq_len == record["vision"]["image_tokens"]
+    assert demo_vlm.images.config.image_seq_len == record["vision"]["image_tokens"]
     assert demo_vlm.image_token_id == 49190 and demo_vlm.text.config["n_vocab"] > BASE_VOCAB
 
 

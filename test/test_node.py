@@ -634,3 +634,66 @@ def test_prefix_cache_lowers_time_to_first_token_with_identical_text(vlm_pair: t
     # The ~300-token system prompt is prefilled per frame only without the cache.
     assert report["prefill_ratio"] > 1.5, report
     assert report["ttft_ratio"] > 1.0, report
+
+
+# == a MiniCPM-V 4.6 pair ===========================================================================
+@pytest.fixture(scope="module")
+def minicpmv_pair() -> tuple[Path, Path]:
+    """A random MiniCPM-V 4.6 (real vision widths, 2 vision and 4 text layers; minicpmv_fixtures):
+    our converter's text GGUF and 4x mmproj (no window merger: the cheaper encoder)."""
+    from minicpmv_fixtures import cached_minicpmv, cached_minicpmv_pair
+
+    files = cached_minicpmv_pair(cached_minicpmv())
+    return files["text"], files["4x"]
+
+
+def test_minicpmv_pair_over_dds_with_prefix_cache_and_deadline(minicpmv_pair: tuple[Path, Path],
+                                                               tmp_path: Path) -> None:
+    """The node takes a MiniCPM-V 4.6 pair as it takes a SmolVLM one: frames over DDS are described,
+    the system prompt's state (the hybrid decoder's recurrent state with it) comes from the prefix
+    cache and the text equals the engine's without any cache; a deadline that cannot be met
+    publishes the text so far; the counters add up."""
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    from edgevlm_ros.engine.vlm import load_vlm
+
+    system_prompt, prompt = "You are a robot's eyes.", "What is in front of the robot?"
+    params = {"max_new_tokens": MAX_NEW_TOKENS, "system_prompt": system_prompt, "prompt": prompt,
+              "prefix_cache_dir": str(tmp_path / "cache")}
+    domain = random_domain_id()
+    peer = RosPeer(domain)
+    pictures = [exact_picture(seed=5), exact_picture(width=320, height=240, seed=6)]
+    with contextlib.ExitStack() as stack:
+        stack.callback(peer.close)
+        diag = peer.inbox(DiagnosticArray, "/diagnostics", qos=500)
+        node = start_node(peer, tmp_path, domain, "mcv", diag, minicpmv_pair, params, with_outputs=True,
+                          stack=stack)
+        wait_ready(node, timeout=300)
+        assert "prefix cache: built" in node.child.output()
+        texts = []
+        for picture in pictures:
+            _, status = node.describe(make_image(picture, "rgb8", peer.now().to_msg()), timeout=300)
+            assert status.level == b"\x00", status.message
+            values = diag_values(status)
+            assert int(values["tokens"]) > 0
+            texts.append(values["text"])
+        assert node.heartbeat(lambda v: "prefix_cache" in v, 10)["prefix_cache"] == "built"
+        assert node.description is not None
+        assert [m.data for m in node.description.wait_count(2, 10)][-2:] == texts
+
+        # A deadline that cannot be met: the text so far, WARN, the miss counted.
+        (ok,) = peer.set_parameters(node.fqn, {"deadline_ms": 1.0})
+        assert ok.successful, ok.reason
+        _, status = node.describe(make_image(pictures[0], "rgb8", peer.now().to_msg()), timeout=300)
+        values = diag_values(status)
+        assert status.level == b"\x01" and values["stop_reason"] == "deadline", status.message
+        assert int(values["deadline_misses"]) == 1 and int(values["tokens"]) < MAX_NEW_TOKENS
+        assert texts[0].startswith(values["text"])
+        counts = {k: int(values[k]) for k in ("frames_received", "frames_described", "frames_failed",
+                                              "frames_dropped", "frames_in_flight")}
+        assert counts["frames_described"] == 3 and counts["frames_failed"] == 0, counts
+        assert counts["frames_received"] == sum(v for k, v in counts.items() if k != "frames_received"), counts
+
+    # The same frames through the engine with no prefix cache at all: the same text.
+    vlm = load_vlm(*minicpmv_pair, threads=2, system_prompt=system_prompt, prefix_cache=False)
+    assert [vlm.describe(p, prompt, MAX_NEW_TOKENS).text for p in pictures] == texts

@@ -100,7 +100,7 @@ def test_single_tile_embeddings_logits_and_greedy_match(wtype: str, hf: Any, con
     rgb = _image(480, 640, seed=1)
     from edgevlm_ros.engine.preprocess import preprocess
 
-    image = preprocess(rgb, vlm.preprocess_config)
+    image = preprocess(rgb, vlm.images.config)
     assert image.pixel_values.shape == (1, 3, 512, 512) and image.n_image_tokens == 64
     ours = vlm.vision.encode(image.pixel_values)
     ref = _hf_features(hf, image.pixel_values)
@@ -110,7 +110,7 @@ def test_single_tile_embeddings_logits_and_greedy_match(wtype: str, hf: Any, con
     assert err <= EMBED_TOL[wtype]
 
     prompt = "Describe this image."
-    prefix_ids, rest_ids = vlm.prompt_ids(prompt, image.rows, image.cols)
+    prefix_ids, rest_ids = vlm.prompt_ids(prompt, vlm.images.plan(*rgb.shape[:2]))
     ids = prefix_ids + rest_ids
     ol = _ours_all_logits(vlm, prefix_ids, rest_ids, ours)
     rl = _hf_logits(hf, ids, image.pixel_values)
@@ -152,7 +152,7 @@ def test_tiled_non_square_matches_processor_and_model(hf_dir: Path, hf: Any, con
     rgb = _image(400, 700, seed=2)
     from edgevlm_ros.engine.preprocess import preprocess
 
-    image = preprocess(rgb, vlm.preprocess_config)
+    image = preprocess(rgb, vlm.images.config)
     assert (image.rows, image.cols) == (2, 3) and image.n_tiles == 7
 
     proc = AutoProcessor.from_pretrained(str(hf_dir))
@@ -160,7 +160,7 @@ def test_tiled_non_square_matches_processor_and_model(hf_dir: Path, hf: Any, con
     text = vlm._render("What is here?")
     enc = proc(text=[text], images=[[Image.fromarray(rgb)]], return_tensors="pt")
     np.testing.assert_array_equal(enc["pixel_values"][0].numpy(), image.pixel_values)
-    prefix_ids, rest_ids = vlm.prompt_ids("What is here?", image.rows, image.cols)
+    prefix_ids, rest_ids = vlm.prompt_ids("What is here?", vlm.images.plan(*rgb.shape[:2]))
     assert prefix_ids + rest_ids == enc["input_ids"][0].tolist()
 
     feats = vlm.vision.encode(image.pixel_values)
@@ -192,13 +192,13 @@ def test_prefix_cache_gives_identical_text(converted: dict, tmp_path: Path) -> N
     # Without the cache: the whole prompt prefilled.
     vlm = again
     native = vlm.text.native
-    prefix_ids, rest_ids = vlm.prompt_ids("Describe what you see.", 0, 0)
+    prefix_ids, rest_ids = vlm.prompt_ids("Describe what you see.", vlm.images.plan(*rgb.shape[:2]))
     native.reset()
     native.forward(np.asarray(prefix_ids, np.int32))
     from edgevlm_ros import _engine
     from edgevlm_ros.engine.preprocess import preprocess
 
-    feats = vlm.vision.encode(preprocess(rgb, vlm.preprocess_config).pixel_values)
+    feats = vlm.vision.encode(preprocess(rgb, vlm.images.config).pixel_values)
     slots = np.flatnonzero(np.asarray(rest_ids) == vlm.image_token_id)
     rest = _engine.Prompt(np.asarray(rest_ids, np.int32), features=feats, slots=slots, prefix=native.snapshot())
     c = native.generate(rest, 10, vlm.text.stop_ids)
@@ -300,7 +300,7 @@ def test_llamacpp_style_mmproj_gives_the_same_embeddings(hf_dir: Path, hf: Any, 
     ours_vlm = _vlm(converted["f16"])
     their_vlm = _vlm((converted["f16"][0], theirs))
     assert their_vlm.vision.config["ffn_swapped"] is swap_ffn
-    pixels = preprocess(_image(300, 300, seed=4), ours_vlm.preprocess_config).pixel_values
+    pixels = preprocess(_image(300, 300, seed=4), ours_vlm.images.config).pixel_values
     a = ours_vlm.vision.encode(pixels)
     b = their_vlm.vision.encode(pixels)
     # Both hold F16 matrices; ours keeps the patch kernel in F32, llama.cpp's in F16.

@@ -41,7 +41,7 @@ transformers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,10 +52,14 @@ __all__ = [
     "MAX_GRID",
     "MAX_IMAGE_SIZE",
     "MODES",
+    "Idefics3Images",
+    "ImagePlan",
+    "ImageRefused",
     "PreprocessConfig",
     "PreprocessedImage",
     "expand_image_prompt",
     "preprocess",
+    "tile_grid",
 ]
 
 # transformers' Idefics3 processors never let a resized image edge exceed this (4k).
@@ -205,6 +209,28 @@ class PreprocessConfig:
         )
 
 
+class ImageRefused(ValueError):
+    """A frame refused before any resize or encoding (too many pixels, or image tokens the context
+    has no room for); the message is one line."""
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """What a frame of a given size turns into, known before any pixel is resized (a VLM family's
+    `plan`): the text that replaces the prompt's image placeholder and what it costs.
+
+    key: with the prompt, decides the prompt's tokens (the prompt-token cache's key).
+    text: the placeholder's expansion (every image feature is one placeholder token in it).
+    n_views: encoder passes (tiles, or the source view and slices); grid: (rows, cols), (0, 0) unsplit.
+    """
+
+    key: Hashable
+    text: str
+    n_image_tokens: int
+    n_views: int
+    grid: tuple[int, int]
+
+
 @dataclass(frozen=True)
 class PreprocessedImage:
     """The encoder input for one image.
@@ -270,6 +296,22 @@ def _tile_multiple_size(height: int, width: int, tile: int) -> tuple[int, int]:
     return height, width
 
 
+def _tiled_sizes(height: int, width: int, cfg: PreprocessConfig) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Tiled mode's two resizes: (longest edge to cfg.longest_edge), then (multiples of the tile)."""
+    first = _longest_edge_size(height, width, cfg.longest_edge)
+    return first, _tile_multiple_size(*first, cfg.tile_size)
+
+
+def tile_grid(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
+    """(rows, cols) of the tile grid a height x width image gets under cfg; (0, 0) when it is not
+    split (single mode, or one tile). Known from the size alone: nothing is resized."""
+    if cfg.mode == "single":
+        return 0, 0
+    _, (h, w) = _tiled_sizes(_positive_int("height", height), _positive_int("width", width), cfg)
+    tile = cfg.tile_size
+    return (h // tile, w // tile) if h > tile or w > tile else (0, 0)
+
+
 def _resize(image: Image.Image, height: int, width: int, resample: int) -> Image.Image:
     # Pillow returns a copy when the size is unchanged, exactly as transformers' call would.
     return image.resize((width, height), resample=Image.Resampling(resample))
@@ -327,9 +369,9 @@ def preprocess(rgb: np.ndarray, cfg: PreprocessConfig) -> PreprocessedImage:
         image = _resize(_resize(image, h, w, cfg.resample), tile, tile, cfg.resample)
         tiles = np.asarray(image)[None]
     else:
-        h, w = _longest_edge_size(image.height, image.width, cfg.longest_edge)
+        (h, w), (h2, w2) = _tiled_sizes(image.height, image.width, cfg)
         image = _resize(image, h, w, cfg.resample)
-        h, w = _tile_multiple_size(h, w, tile)
+        h, w = h2, w2
         image = _resize(image, h, w, cfg.resample)
         if h > tile or w > tile:
             rows, cols = h // tile, w // tile
@@ -381,3 +423,33 @@ def expand_image_prompt(rows: int, cols: int, image_seq_len: int) -> str:
         for r in range(int(rows))
     ]
     return "".join(line + "\n" for line in lines) + "\n" + global_view
+
+
+class Idefics3Images:
+    """SmolVLM / Idefics3 frames for the VLM (image_input's family for clip.projector_type idefics3):
+    tiles of clip.vision.image_size, ``<image>`` per image feature, encoded in one batch."""
+
+    placeholder = IMAGE_TOKEN
+
+    def __init__(self, meta: Mapping[str, Any], mode: str, tokens_per_tile: int,
+                 longest_edge: int | None = None) -> None:
+        self.config = PreprocessConfig.from_mmproj_metadata(meta, mode, longest_edge)
+        if self.config.image_seq_len != tokens_per_tile:
+            raise ValueError(f"mmproj gives {tokens_per_tile} tokens per tile, its metadata implies "
+                             f"{self.config.image_seq_len}")
+
+    def plan(self, height: int, width: int, max_image_pixels: int | None = None) -> ImagePlan:
+        if max_image_pixels is not None and height * width > max_image_pixels:
+            raise ImageRefused(f"image {width}x{height} has {height * width} pixels, more than max_image_pixels "
+                               f"{max_image_pixels}")
+        rows, cols = tile_grid(height, width, self.config)
+        n = rows * cols + 1 if rows else 1
+        per = self.config.image_seq_len
+        return ImagePlan((rows, cols), expand_image_prompt(rows, cols, per), n * per, n, (rows, cols))
+
+    def prepare(self, rgb: np.ndarray, plan: ImagePlan) -> PreprocessedImage:
+        return preprocess(rgb, self.config)
+
+    def encode(self, vision: Any, image: PreprocessedImage) -> np.ndarray:
+        """(n_image_tokens, projection width) features, tiles in prompt order."""
+        return vision.encode(image.pixel_values)

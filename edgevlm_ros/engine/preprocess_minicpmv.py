@@ -48,6 +48,8 @@ from .preprocess import (
     KEY_PROJECTOR_TYPE,
     KEY_SCALE_FACTOR,
     MODES,
+    ImagePlan,
+    ImageRefused,
     _check_rgb,
     _positive_int,
     _three_floats,
@@ -61,6 +63,7 @@ __all__ = [
     "PROJECTOR",
     "ImageRefused",
     "MiniCPMVConfig",
+    "MiniCPMVImages",
     "MiniCPMVImage",
     "SlicePlan",
     "check_budget",
@@ -78,10 +81,6 @@ IMAGE_TOKEN = "<|image_pad|>"  # one per image feature
 IMAGE_START, IMAGE_END = "<image>", "</image>"
 SLICE_START, SLICE_END = "<slice>", "</slice>"
 IMAGE_ID_START, IMAGE_ID_END = "<image_id>", "</image_id>"
-
-
-class ImageRefused(ValueError):
-    """A frame refused before any resize or encoding; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -363,3 +362,32 @@ def preprocess(rgb: np.ndarray, cfg: MiniCPMVConfig, *, max_image_tokens: int | 
     return MiniCPMVImage(views=tuple(views), target_sizes=np.asarray(plan.target_sizes, dtype=np.int32),
                          tokens=plan.tokens, rows=plan.grid[0], cols=plan.grid[1],
                          image_id=image_id if cfg.use_image_id else None)
+
+
+class MiniCPMVImages:
+    """MiniCPM-V 4.6 frames for the VLM (image_input's family for clip.projector_type minicpmv4_6):
+    a source view and slices, ``<|image_pad|>`` per image feature, each view encoded at its own
+    patch grid (VisionModel.encode_slice)."""
+
+    placeholder = IMAGE_TOKEN
+
+    def __init__(self, meta: Mapping[str, Any], mode: str, tokens_per_tile: int) -> None:
+        self.config = MiniCPMVConfig.from_mmproj_metadata(meta, mode)
+        side = self.config.scale_resolution // self.config.patch_size
+        if self.config.tokens((side, side)) != tokens_per_tile:
+            raise ValueError(f"mmproj gives {tokens_per_tile} tokens per {self.config.scale_resolution} px slice, its "
+                             f"metadata implies {self.config.tokens((side, side))}")
+
+    def plan(self, height: int, width: int, max_image_pixels: int | None = None) -> ImagePlan:
+        p = plan_slices(height, width, self.config)
+        check_budget(p, None, max_image_pixels)
+        image_id = 0 if self.config.use_image_id else None
+        return ImagePlan((p.tokens, p.grid), expand_image_prompt(p.tokens, *p.grid, image_id), p.n_image_tokens,
+                         len(p.tokens), p.grid)
+
+    def prepare(self, rgb: np.ndarray, plan: ImagePlan) -> MiniCPMVImage:
+        return preprocess(rgb, self.config)
+
+    def encode(self, vision: Any, image: MiniCPMVImage) -> np.ndarray:
+        """(n_image_tokens, projection width) features: the source view's, then the slices' row-major."""
+        return np.concatenate([vision.encode_slice(v) for v in image.views], axis=0)

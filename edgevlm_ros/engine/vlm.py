@@ -1,6 +1,9 @@
 """A vision-language model: an mmproj (a vision tower + connector, e.g. SigLIP + idefics3) beside a text GGUF.
 
-One frame's way: preprocess (tiles, normalize) -> vision tower -> the one generation path
+The family's image side (image_input: SmolVLM's tiles, MiniCPM-V 4.6's source view and slices) is
+chosen by the mmproj's projector type; everything after the features is the same for every family.
+One frame's way: plan (sizes and prompt; refuse what does not fit) -> preprocess (resize, normalize)
+-> vision tower -> the one generation path
 (generation.generate: restore the fixed-prefix state, prefill the rest with the image embeddings at
 the `<image>` positions, greedy decode). Every stage is timed.
 """
@@ -17,9 +20,10 @@ import numpy as np
 from .. import _engine
 from .chat_template import render_chat
 from .generation import PromptCache, generate
+from .image_input import image_family
 from .latency import PREPROCESS, VISION
 from .paths import DEFAULT_MMPROJ, resolve_model
-from .preprocess import IMAGE_TOKEN, PreprocessConfig, preprocess
+from .preprocess import ImagePlan, ImageRefused, _check_rgb
 from .text_model import GenerationResult, PrefixState, TextModel
 
 DEFAULT_PROMPT = "Describe what you see."
@@ -47,27 +51,26 @@ class VisionLanguageModel:
                 f"'{self.mmproj_path.name}' projects to width {vcfg['proj_dim']} but '{self.text.path.name}' has "
                 f"width {self.text.config['n_embd']}: the model and mmproj files do not belong together"
             )
-        image_id = self.text.tokenizer.token_to_id(IMAGE_TOKEN)
+        self.images = image_family(str(vcfg.get("projector", "")), self.mmproj_metadata, int(vcfg["tokens_per_tile"]),
+                                   image_mode, longest_edge)
+        placeholder = self.placeholder = self.images.placeholder
+        image_id = self.text.tokenizer.token_to_id(placeholder)
         if image_id is None:
             # Beside the demo mmproj (the default when only a model is given) say how to get a pair.
             hint = (f", so it cannot take the embedded demo mmproj '{DEFAULT_MMPROJ}': give neither model nor "
                     f"mmproj for the embedded demo pair, or a vision-language text model with its own mmproj"
                     if self.mmproj_path.name == DEFAULT_MMPROJ else "")
             raise ValueError(
-                f"'{self.text.path.name}' has no {IMAGE_TOKEN} token: it is not a vision-language text model{hint}"
+                f"'{self.text.path.name}' has no {placeholder} token: it is not a vision-language text model{hint}"
             )
         self.image_token_id: int = image_id
-        self.preprocess_config = PreprocessConfig.from_mmproj_metadata(self.mmproj_metadata, image_mode, longest_edge)
-        if self.preprocess_config.image_seq_len != vcfg["tokens_per_tile"]:
-            raise ValueError(f"mmproj gives {vcfg['tokens_per_tile']} tokens per tile, its metadata implies "
-                             f"{self.preprocess_config.image_seq_len}")
         self.system_prompt = system_prompt
         # (prefix ids, the rest) by (prompt, rows, cols): the template is rendered and tokenized
         # once per prompt (and tile grid), not once per frame.
         self._prompt_parts: PromptCache[tuple[tuple[int, ...], tuple[int, ...]]] = PromptCache()
         # The fixed prefix is everything before the image: it depends on the system prompt only,
         # because the image comes first in the user turn.
-        self.prefix_text = self._render(DEFAULT_PROMPT).split(IMAGE_TOKEN, 1)[0]
+        self.prefix_text = self._render(DEFAULT_PROMPT).split(placeholder, 1)[0]
         prefix_ids = self.text.tokenizer.encode(self.prefix_text, add_bos=False)
         self.prefix: PrefixState
         if prefix_cache:
@@ -76,39 +79,37 @@ class VisionLanguageModel:
             self.prefix, self.prefix_cache_status = PrefixState((), None), "disabled"
 
     def _render(self, prompt: str) -> str:
-        """The chat prompt with one `<image>` placeholder before the user's text."""
+        """The chat prompt with one image placeholder before the user's text."""
         messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": [{"type": "text", "text": self.system_prompt}]})
         messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]})
-        tok = self.text.tokenizer
+        tok, placeholder = self.text.tokenizer, self.placeholder
         bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.id_to_token(tok.eos_id) if tok.eos_id is not None else ""
         text = render_chat(self.text.chat_template, messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
-        if IMAGE_TOKEN not in text:
+        if placeholder not in text:
             # A text-only template that ignores content parts: put the image in the text.
             for m in messages:
-                m["content"] = "".join(p.get("text", IMAGE_TOKEN) for p in m["content"])
+                m["content"] = "".join(p.get("text", placeholder) for p in m["content"])
             text = render_chat(self.text.chat_template, messages, add_generation_prompt=True,
                                bos_token=bos, eos_token=eos)
-        if text.count(IMAGE_TOKEN) != 1:
+        if text.count(placeholder) != 1:
             raise ValueError("the chat template must place exactly one image in the prompt")
         return text
 
-    def prompt_ids(self, prompt: str, rows: int, cols: int) -> tuple[list[int], list[int]]:
-        """(prefix ids, the rest) for a prompt whose image expands to a rows x cols grid."""
-        from .preprocess import expand_image_prompt
+    def prompt_ids(self, prompt: str, image: ImagePlan) -> tuple[list[int], list[int]]:
+        """(prefix ids, the rest) for a prompt whose image placeholder expands to image.text."""
 
         def encode() -> tuple[tuple[int, ...], tuple[int, ...]]:
-            before, after = self._render(prompt).split(IMAGE_TOKEN, 1)
+            before, after = self._render(prompt).split(self.placeholder, 1)
             tok = self.text.tokenizer
-            image = expand_image_prompt(rows, cols, self.preprocess_config.image_seq_len)
-            rest = tok.encode(image + after, add_bos=False)
+            rest = tok.encode(image.text + after, add_bos=False)
             kept = before == self.prefix_text and self.prefix.snapshot is not None
             pre = self.prefix.token_ids if kept else tok.encode(before, add_bos=False)
             return tuple(pre), tuple(rest)
 
-        pre, rest = self._prompt_parts.get((prompt, rows, cols), encode)
+        pre, rest = self._prompt_parts.get((prompt, image.key), encode)
         return list(pre), list(rest)
 
     def cancel(self) -> None:
@@ -117,22 +118,36 @@ class VisionLanguageModel:
         self.text.native.cancel()
 
     def describe(self, rgb: np.ndarray, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 64,
-                 deadline_ms: float | None = None) -> GenerationResult:
-        """Greedy description of one RGB uint8 image (H, W, 3)."""
+                 deadline_ms: float | None = None, max_image_pixels: int | None = None) -> GenerationResult:
+        """Greedy description of one RGB uint8 image (H, W, 3).
+
+        A frame whose resized views exceed max_image_pixels, or whose prompt (image tokens included)
+        and max_new_tokens exceed the context, is refused (ImageRefused, one line) before any
+        resize or encoding."""
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         t0 = time.perf_counter()
-        image = preprocess(rgb, self.preprocess_config)
+        rgb = _check_rgb(rgb)
+        height, width = rgb.shape[:2]
+        plan = self.images.plan(height, width, max_image_pixels)
+        prefix_ids, rest_ids = self.prompt_ids(prompt, plan)
+        n_ctx = int(self.text.native.n_ctx)
+        n_prompt = len(prefix_ids) + len(rest_ids)
+        if n_prompt + max_new_tokens > n_ctx:
+            views = f"{plan.n_views} view(s)" + (f", a {plan.grid[0]}x{plan.grid[1]} grid" if plan.grid[0] else "")
+            raise ImageRefused(
+                f"image {width}x{height} needs {plan.n_image_tokens} image tokens ({views}): the prompt is "
+                f"{n_prompt} tokens, with max_new_tokens {max_new_tokens} more than the context of {n_ctx}: use "
+                f"image_mode single, fewer new tokens or a larger context")
+        image = self.images.prepare(rgb, plan)
         t1 = time.perf_counter()
-        features = self.vision.encode(image.pixel_values)
+        features = self.images.encode(self.vision, image)
         t2 = time.perf_counter()
-        prefix_ids, rest_ids = self.prompt_ids(prompt, image.rows, image.cols)
         stages = {PREPROCESS: (t1 - t0) * 1e3, VISION: (t2 - t1) * 1e3}
         result = generate(self.text.native, self.text.tokenizer, self.text.stop_ids, prefix_ids + rest_ids,
                           prefix=self.prefix, features=features, image_token_id=self.image_token_id,
                           max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages)
-        result.extra = {"n_image_tokens": image.n_image_tokens, "tiles": image.n_tiles,
-                        "grid": [image.rows, image.cols]}
+        result.extra = {"n_image_tokens": plan.n_image_tokens, "tiles": plan.n_views, "grid": list(plan.grid)}
         return result
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.latency import REPORTED_STAGES, TOTAL
+from ..engine.preprocess import ImageRefused
 from . import frames
 from .node_params import NodeParams
 
@@ -58,7 +59,10 @@ def describe_frame(vlm: Any, msg: Any, p: NodeParams) -> FrameResult:
         raise FrameFailure(f"bad image message ({describe_message(msg)}): {exc}", in_engine=False) from None
     convert_ms = (time.perf_counter() - t0) * 1e3
     try:
-        result = vlm.describe(rgb, p.prompt, p.max_new_tokens, deadline_ms=p.deadline_ms)
+        result = vlm.describe(rgb, p.prompt, p.max_new_tokens, deadline_ms=p.deadline_ms,
+                              max_image_pixels=p.max_image_pixels)
+    except ImageRefused as exc:  # refused before any encoding: the frame's size, not the engine
+        raise FrameFailure(f"frame refused ({describe_message(msg)}): {exc}", in_engine=False) from None
     except Exception as exc:  # an engine failure is reported per frame, not fatal
         raise FrameFailure(f"engine failure on a {rgb.shape[1]}x{rgb.shape[0]} frame: {type(exc).__name__}: {exc}",
                            in_engine=True) from exc
