@@ -424,9 +424,9 @@ class _Peer:
 
 
 def _peer_omp_policy(cfg: BenchConfig) -> str:
-    """Sets OMP_WAIT_POLICY for llama.cpp (an OpenMP build) before it is loaded; returns what was
-    done. llama.cpp's idle OpenMP threads spin between graph nodes: on a quiet machine that is its
-    fastest setting, on a busy one (more runnable threads than cores) a thread spinning at a
+    """Sets OMP_WAIT_POLICY for llama.cpp (an OpenMP build: llama_cpp and llama-mtmd-cli) before it
+    is loaded; returns what was done. llama.cpp's idle OpenMP threads spin between graph nodes: on a
+    quiet machine that is its fastest setting, on a busy one (more runnable threads than cores) a thread spinning at a
     barrier for a descheduled partner costs it ~10x (measured here: decode 1.7 vs 18 tokens/s at
     load 5 on 2 cores). 'auto' picks PASSIVE when the 1-minute load average is >= the core count."""
     if "OMP_WAIT_POLICY" in os.environ:
@@ -440,15 +440,12 @@ def _peer_omp_policy(cfg: BenchConfig) -> str:
         choice = "passive" if busy else "default"
         why = f"auto: 1-min load {load[0] if load else '?'} {'>=' if busy else '<'} {cores} cores"
     if choice == "passive":
-        try:
-            installed = importlib.util.find_spec("llama_cpp") is not None
-        except (ImportError, ValueError):  # a None entry in sys.modules (hidden on purpose)
-            installed = False
-        if not installed:
-            return f"not set ({why}): llama_cpp is not importable"
-        if sys.modules.get("llama_cpp") is not None:
-            return f"not set ({why}): llama_cpp was already loaded in this process"
+        # Read by llama_cpp when it is loaded and by llama-mtmd-cli (a child process), which runs
+        # whether llama_cpp is importable or not.
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        if sys.modules.get("llama_cpp") is not None:
+            return (f"OMP_WAIT_POLICY=PASSIVE ({why}) for llama-mtmd-cli only: llama_cpp was already loaded "
+                    "in this process")
         return f"OMP_WAIT_POLICY=PASSIVE ({why})"
     return f"OpenMP default ({why})"
 
@@ -550,6 +547,7 @@ class BenchConfig:
     peer_lib: Path | None = None
     rss: bool = True
     mtmd_cli: str | None = None
+    peak_shape: tuple[int, int, int] = vision_cost.PEAK_SHAPE  # the GEMM the FP32 peak is measured on
     n_ctx: int = 2048
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
@@ -1010,7 +1008,7 @@ def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
     if peak is None:
         return [row]
     peak.measure("after the encode")
-    return [row, peak.row(row, result)]
+    return [row, peak.row(row, result), _frame_ttft_row(cfg, result, text, mmproj, cli)]
 
 
 def _random_image(width: int, height: int, rng: np.random.Generator) -> Path:
@@ -1039,9 +1037,10 @@ class _EncodePeak:
         self.runs: list[dict[str, Any]] = []
 
     def measure(self, when: str) -> None:
-        self.cfg.log(f"[bench] FP32 GEMM peak {when} ({'x'.join(map(str, vision_cost.PEAK_SHAPE))}, "
+        shape = self.cfg.peak_shape
+        self.cfg.log(f"[bench] FP32 GEMM peak {when} ({'x'.join(map(str, shape))}, "
                      f"{' and '.join(dict.fromkeys(self.formats))} weights)")
-        self.runs.append(vision_cost.measure_gemm_peak(self.formats, self.cfg.threads, repeats=self.cfg.repeats))
+        self.runs.append(vision_cost.measure_gemm_peak(self.formats, self.cfg.threads, shape, self.cfg.repeats))
 
     def row(self, encode: Row, result: dict[str, Any]) -> Row:
         peak = max(self.runs, key=lambda r: r["gflops"])
@@ -1061,6 +1060,116 @@ class _EncodePeak:
                     f"{'x'.join(map(str, peak['shape']))}, {self.cfg.threads} threads (the higher of "
                     f"{seen}, before and after the encode)")
         return row
+
+
+FRAME = (640, 480)  # width x height: a camera frame (MiniCPM-V 4.6: its source view + a 1x2 grid of slices)
+
+
+def _frame_ttft_row(cfg: BenchConfig, result: dict[str, Any], text: Path, mmproj: Path, cli: str | None) -> Row:
+    """Time to first token of one 640x480 frame, tiled (source view + slices), no prefix cache: ours
+    through load_vlm(...).describe(max_new_tokens=1) (preprocess + vision + prefill), llama.cpp's
+    llama-mtmd-cli on the same pair and the same frame as a PNG (-n 0: from loading the image to the
+    prompt's last logits, parse_mtmd_log)."""
+    from ..engine.vlm import DEFAULT_PROMPT, load_vlm
+
+    width, height = FRAME
+    row = Row("frame_ttft", f"first token, {width}x{height} frame (tiled, no prefix cache)", "ms", False)
+    try:
+        vlm = load_vlm(text, mmproj, threads=cfg.threads, image_mode="tiled", prefix_cache=False)
+    except (ValueError, OSError) as exc:
+        row.note = f"skipped: {exc}"
+        return row
+    rgb = np.random.default_rng(1).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    image_path: Path | None = None
+    if cli is not None:
+        import cv2
+
+        image_path = Path(tempfile.mkdtemp(prefix="edgevlm-bench-")) / f"frame-{width}x{height}.png"
+        cv2.imwrite(str(image_path), rgb[:, :, ::-1])  # the same pixels (OpenCV writes BGR)
+    ours_stages: list[dict[str, float]] = []
+    peer_runs: list[dict[str, Any]] = []
+    peer_err = ""
+
+    def ours_once() -> float:
+        r = vlm.describe(rgb, DEFAULT_PROMPT, max_new_tokens=1)
+        ours_stages.append(dict(r.timings_ms, n_prompt=len(r.prompt_token_ids), n_image=r.extra["n_image_tokens"],
+                                views=r.extra["tiles"]))
+        return float(r.timings_ms["total"])
+
+    def peer_once() -> float:
+        nonlocal peer_err
+        assert cli is not None and image_path is not None
+        cmd = [cli, "-m", str(text), "--mmproj", str(mmproj), "--image", str(image_path), "-p", DEFAULT_PROMPT,
+               "-n", "0", "-t", str(cfg.threads), "--temp", "0", "-c", "4096", "-lv", "4"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        parsed = parse_mtmd_log(proc.stdout + proc.stderr)
+        if proc.returncode != 0 or parsed is None:
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            peer_err = f"llama-mtmd-cli exited {proc.returncode} without its timings ({tail})"
+            return float("nan")
+        peer_runs.append(parsed)
+        return float(parsed["ttft_ms"])
+
+    cfg.log(f"[bench] first token of a {width}x{height} frame (tiled) x{cfg.repeats}"
+            + (f", llama.cpp via {cli}" if cli else ""))
+    a, b = _alternate(cfg.repeats, ours_once, peer_once if cli else None)
+    good = [x for x in b if x == x]
+    row.ours, row.peer = _median(a), _median(good) if good else None
+    row.samples = {"ours_ms": a, "peer_ms": b}
+    last = ours_stages[-1]
+    notes = [f"ours: {last['views']} views, {last['n_image']} image tokens of {last['n_prompt']}; median preprocess "
+             f"{_median([st['preprocess'] for st in ours_stages]):.0f} ms, vision "
+             f"{_median([st['vision'] for st in ours_stages]):.0f} ms, prefill "
+             f"{_median([st['prefill'] for st in ours_stages]):.0f} ms"]
+    if peer_runs:
+        notes.append(f"llama.cpp: {len(peer_runs[-1]['encode_ms'])} views, {peer_runs[-1]['image_tokens']} image "
+                     f"tokens; median vision {_median([sum(r['encode_ms']) for r in peer_runs]):.0f} ms, image-token "
+                     f"prefill {_median([sum(r['image_decode_ms']) for r in peer_runs]):.0f} ms (the rest: PNG "
+                     "decode, its preprocessing, the text chunks)")
+    if peer_err:
+        notes.append(peer_err)
+    row.note = "; ".join(notes)
+    result["frame_ttft"] = {"size": list(FRAME), "ours_stages_ms": ours_stages, "peer": peer_runs}
+    if image_path is not None:
+        shutil.rmtree(image_path.parent, ignore_errors=True)
+    return row
+
+
+# llama.cpp's log lines at -lv 4: "M.SS.mmm.uuu L text" (minutes, seconds, milliseconds, microseconds since start).
+_STAMP_RE = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) [A-Z] (.*)$")
+_ENCODE_RE = re.compile(r"mtmd batch encoding done in (\d+) ms")
+_IMAGE_DECODE_RE = re.compile(r"image decoded \(batch \d+/\d+\) in (\d+) ms")
+_IMAGE_BATCH_RE = re.compile(r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)")
+
+
+def parse_mtmd_log(log: str) -> dict[str, Any] | None:
+    """llama-mtmd-cli's timings from its -lv 4 log (None if they are not all there): ttft_ms from its
+    last line before the single turn (the experimental-CLI warning, printed before the image is
+    loaded) to its perf report (printed once the prompt's last logits are there, with -n 0); the
+    encode time of each image batch; the prefill time of each image-token batch; the image tokens."""
+    start = end = None
+    encode: list[float] = []
+    decode: list[float] = []
+    image_tokens = 0
+    for line in log.splitlines():
+        m = _STAMP_RE.match(line)
+        if not m:
+            continue
+        t = int(m[1]) * 60e3 + int(m[2]) * 1e3 + int(m[3]) + int(m[4]) / 1e3
+        msg = m[5]
+        if "please use the standard llama-cli" in msg:
+            start = t
+        elif "llama_perf_context_print:" in msg and "load time" in msg and end is None:
+            end = t
+        elif e := _ENCODE_RE.search(msg):
+            encode.append(float(e[1]))
+        elif d := _IMAGE_DECODE_RE.search(msg):
+            decode.append(float(d[1]))
+        elif n := _IMAGE_BATCH_RE.search(msg):
+            image_tokens += int(n[1])
+    if start is None or end is None or not encode or end < start:
+        return None
+    return {"ttft_ms": end - start, "encode_ms": encode, "image_decode_ms": decode, "image_tokens": image_tokens}
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -1241,7 +1350,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="folder of the libllama.so llama.cpp loads (LLAMA_CPP_LIB_PATH; robot profile default: "
                         "$EDGEVLM_ROBOT_LLAMA_LIB or ~/.cache/edgevlm/llama-robot)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes for a smoke test: prefill 8,16, decode 8, 1 repeat, 1 vision layer")
+                        help="tiny sizes for a smoke test: prefill 8,16, decode 8, 1 repeat, 1 vision layer, a "
+                        "1152x1152x256 GEMM for the FP32 peak")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                         help="write the raw numbers as JSON to FILE (alone: JSON on stdout, the table on stderr)")
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the ratios as a PNG chart")
@@ -1277,6 +1387,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         peer_lib=Path(args.peer_lib) if args.peer_lib else None,
         rss=not args.no_rss,
         mtmd_cli=args.mtmd_cli,
+        peak_shape=vision_cost.QUICK_PEAK_SHAPE if quick else vision_cost.PEAK_SHAPE,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 PEAK_SHAPE = (4304, 1152, 1024)  # rows x k x tokens: SigLIP so400m's MLP up product on one 448 slice
+QUICK_PEAK_SHAPE = (1152, 1152, 256)  # `edgevlm bench --quick`: a smoke test, not a measure
 
 
 def linear_flops(tokens: int, k: int, rows: int) -> int:
