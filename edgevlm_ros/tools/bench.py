@@ -12,7 +12,11 @@ Measures (rows of the table):
     (ours: KV snapshot restore; llama.cpp: the system prompt's KV kept, the rest re-evaluated, or
     for a recurrent / hybrid model, whose state cannot be cut back, its sequence state restored);
   * vision encode ms of one 512x512 tile of a SmolVLM-256M-shaped mmproj (random weights; the
-    peer only when a `llama-mtmd-cli` binary is found);
+    peer only when a `llama-mtmd-cli` binary is found); with --mmproj of a MiniCPM-V 4.6 pair
+    (clip.projector_type minicpmv4_6, --model its text GGUF): the encode of one 448 slice, its share
+    of the FP32 GEMM peak measured here (flops from the mmproj: tools/vision_cost.py), and the time to
+    first token of a 640x480 frame through load_vlm, each against llama-mtmd-cli on the same files
+    (docs/kernels/vision-flops.md);
   * peak RSS of a process that loads the model, prefills and decodes (one child process per
     engine, resource.getrusage);
   * the decode roofline: bytes a token reads (its weights, and for a hybrid decoder such as
