@@ -7,6 +7,9 @@ Public API (no ROS needed)::
     result = model.generate("What is a robot?", max_new_tokens=48)
     print(result.text, result.timings_ms)
 
+    vlm = edgevlm_ros.load_vlm("model.gguf", "mmproj.gguf")   # SmolVLM or MiniCPM-V 4.6 pair
+    result = vlm.describe(rgb, "What is on the table?")       # rgb: (H, W, 3) uint8
+
 The names below are imported on first use, so pure-Python modules (tokenizer, preprocessing)
 import without the native extension being built.
 """
@@ -15,11 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GenerationResult", "PrefixState", "TextModel", "load"]
+__all__ = ["GenerationResult", "PrefixState", "TextModel", "VisionLanguageModel", "load", "load_vlm"]
 __version__ = "0.1.0"
+_FROM_VLM = ("VisionLanguageModel", "load_vlm")
 
 
 def __getattr__(name: str) -> Any:
+    if name in _FROM_VLM:
+        from .engine import vlm
+
+        return getattr(vlm, name)
     if name in __all__:
         from .engine import text_model
 

@@ -215,6 +215,19 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("n_tokens", [](const Prompt& p) { return p.ids.size(); })
         .def_property_readonly("n_slots", [](const Prompt& p) { return p.slots.size(); });
 
+    // A constraint on what generate() may produce: exactly one of these token sequences.
+    py::class_<ChoiceTrie, std::shared_ptr<ChoiceTrie>>(m, "Choices")
+        .def(py::init([](const std::vector<std::vector<int32_t>>& choices, int64_t n_vocab) {
+                 try {
+                     return std::make_shared<ChoiceTrie>(choices, n_vocab);
+                 } catch (const std::invalid_argument& e) {
+                     throw py::value_error(e.what());
+                 }
+             }),
+             py::arg("choices"), py::arg("n_vocab"))
+        .def_property_readonly("n_nodes", &ChoiceTrie::n_nodes)
+        .def_property_readonly("longest", &ChoiceTrie::longest, "tokens of the longest choice");
+
     py::class_<Decoder>(m, "Decoder")
         .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch) {
                  if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
@@ -271,7 +284,8 @@ PYBIND11_MODULE(_engine, m) {
         }, py::arg("ids"), py::arg("all_logits") = false, py::arg("features") = py::none(), py::arg("slots") = py::none(),
            "Appends tokens to the sequence (the rows at `slots` take the rows of `features`, shape (len(slots), "
            "n_embd): an image); returns the last position's logits, or every position's.")
-        .def("generate", [](Decoder& mdl, py::object prompt, int64_t max_new, std::vector<int32_t> stop_ids, double max_ms) {
+        .def("generate", [](Decoder& mdl, py::object prompt, int64_t max_new, std::vector<int32_t> stop_ids, double max_ms,
+                            std::shared_ptr<ChoiceTrie> choices) {
             if (max_new < 0) throw py::value_error("max_new_tokens must be >= 0");
             // A Prompt starts from its prefix (or an empty sequence); bare ids go on the sequence as it stands.
             Prompt bare;
@@ -290,7 +304,8 @@ PYBIND11_MODULE(_engine, m) {
                 if (request && p.prefix) mdl.restore(*p.prefix);
                 else if (request) mdl.reset();
                 const double start_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-                mdl.generate(p.input(), max_new, stop_ids, max_ms > 0 ? std::max(max_ms - start_ms, 1e-6) : 0.0, r);
+                mdl.generate(p.input(), max_new, stop_ids, max_ms > 0 ? std::max(max_ms - start_ms, 1e-6) : 0.0, r,
+                             choices.get());
                 r.prefill_ms += start_ms;
             }
             py::dict d;
@@ -301,9 +316,11 @@ PYBIND11_MODULE(_engine, m) {
             d["n_prompt"] = r.n_prompt;
             return d;
         }, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::arg("max_ms") = 0.0,
+           py::arg("choices") = nullptr,
            "Greedy decoding after prefilling prompt: a Prompt (restored prefix or empty sequence first, image "
            "features at their slots) or token ids (appended to the sequence as it stands). The stop token is not "
-           "returned; prefill_ms includes restoring the prefix.")
+           "returned; prefill_ms includes restoring the prefix. With `choices` (a Choices), the answer is one of "
+           "them (stop_reason 'complete' where nothing may follow).")
         .def("cancel", [](Decoder& mdl, bool on) { mdl.cancel(on); }, py::arg("on") = true,
              py::call_guard<py::gil_scoped_release>(),
              "From any thread: generate() stops before its next token with stop_reason 'cancelled' "

@@ -67,9 +67,9 @@ def _image(width: int, height: int) -> np.ndarray:
 
 
 def _vlm(text: Path, mmproj: Path, mode: str = "tiled", **kw: Any) -> Any:
-    from edgevlm_ros.engine.vlm import load_vlm
+    import edgevlm_ros  # the public name, as the README shows it
 
-    return load_vlm(text, mmproj, threads=THREADS, image_mode=mode, **kw)
+    return edgevlm_ros.load_vlm(text, mmproj, threads=THREADS, image_mode=mode, **kw)
 
 
 def _reference(hf_model: Any, vlm: Any, rgb: np.ndarray, mode: str, downsample: str) -> tuple[list[int], list[int]]:
@@ -145,10 +145,7 @@ def test_prefix_cache_restores_the_recurrent_state(pair: dict[str, Path], tmp_pa
     c = none.describe(rgb, PROMPT, max_new_tokens=12)
     assert c.cached_prefix_tokens == 0
     assert a.token_ids == b.token_ids == c.token_ids
-    # A second frame after the first: the restored state is the prefix's, not the last frame's.
-    other = _image(*SIZES[0])
-    assert loaded.describe(other, PROMPT, max_new_tokens=8).token_ids == \
-        none.describe(other, PROMPT, max_new_tokens=8).token_ids
+    # Frames in a row (the state restored is the prefix's, not the last frame's): test_node.py.
 
 
 def test_frame_beyond_the_context_refused_before_encoding(pair: dict[str, Path]) -> None:
@@ -170,3 +167,24 @@ def test_frame_beyond_the_context_refused_before_encoding(pair: dict[str, Path])
         vlm.describe(rgb, PROMPT, max_new_tokens=4, max_image_pixels=1 << 20)
     assert not calls
     assert vlm.describe(_image(*SIZES[1]), PROMPT, max_new_tokens=4).token_ids  # and it keeps serving
+
+
+def test_edgevlm_describe_takes_the_pair(pair: dict[str, Path], tmp_path: Path) -> None:
+    """`edgevlm describe IMAGE --model TEXT --mmproj MMPROJ` from its own process, as the README shows it."""
+    import json
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    rgb = _image(*SIZES[1])
+    Image.fromarray(rgb).save(tmp_path / "frame.png")
+    edgevlm = Path(sys.executable).parent / "edgevlm"  # the console script scripts/setup.sh installs
+    cmd = [str(edgevlm), "describe", str(tmp_path / "frame.png"), "--model", str(pair["text"]), "--mmproj",
+           str(pair["4x"]), "--prompt", PROMPT, "--max-tokens", "8", "--threads", str(THREADS), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    expected = _vlm(pair["text"], pair["4x"], "single").describe(rgb, PROMPT, max_new_tokens=8)
+    assert out["token_ids"] == expected.token_ids and out["text"] == expected.text
+    assert out["tiles"] == 1 and out["n_image_tokens"] == expected.extra["n_image_tokens"]

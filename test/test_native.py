@@ -66,6 +66,7 @@ def test_no_heap_allocation_per_decoded_token(text_model_path: Path) -> None:
     exe = nb.build_program("alloc_check", "native/tests/alloc_check.cpp", buildinfo.sources())
     out = _run([str(exe), str(text_model_path), "100", "2"])
     assert "decode: 100 steps, 0 heap allocations" in out, out
+    assert "generate with choices: 100 tokens (complete)" in out and "0 failed" in out, out
 
 
 def _hostile_corpus(src: Path, dest: Path, n_mutations: int = 300) -> list[Path]:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import _engine
 from .chat_template import render_chat
+from .constraints import choice_constraint
 from .generation import PromptCache, generate
 from .image_input import image_family
 from .latency import PREPROCESS, VISION
@@ -68,6 +70,7 @@ class VisionLanguageModel:
         # (prefix ids, the rest) by (prompt, rows, cols): the template is rendered and tokenized
         # once per prompt (and tile grid), not once per frame.
         self._prompt_parts: PromptCache[tuple[tuple[int, ...], tuple[int, ...]]] = PromptCache()
+        self._constraints: PromptCache[Any] = PromptCache(16)  # Choices by the tuple of strings
         # The fixed prefix is everything before the image: it depends on the system prompt only,
         # because the image comes first in the user turn.
         self.prefix_text = self._render(DEFAULT_PROMPT).split(placeholder, 1)[0]
@@ -117,15 +120,33 @@ class VisionLanguageModel:
         "cancelled"), and so does every later one. For shutdown; the vision encoder is not interrupted."""
         self.text.native.cancel()
 
+    def _choices(self, choices: Sequence[str]) -> Any:
+        """The native constraint of these strings, built once per list (ValueError when bad)."""
+        def build() -> Any:
+            return choice_constraint(self.text.tokenizer, int(self.text.config["n_vocab"]), choices)
+
+        if isinstance(choices, (list, tuple)) and all(isinstance(c, str) for c in choices):
+            return self._constraints.get(tuple(choices), build)
+        return build()
+
     def describe(self, rgb: np.ndarray, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 64,
-                 deadline_ms: float | None = None, max_image_pixels: int | None = None) -> GenerationResult:
+                 deadline_ms: float | None = None, max_image_pixels: int | None = None,
+                 choices: Sequence[str] | None = None) -> GenerationResult:
         """Greedy description of one RGB uint8 image (H, W, 3).
 
+        choices: the answer is exactly one of these strings (stop_reason "complete" or
+        "stop_token" when it is; "deadline" / "cancelled" can still cut it short).
         A frame whose resized views exceed max_image_pixels, or whose prompt (image tokens included)
         and max_new_tokens exceed the context, is refused (ImageRefused, one line) before any
         resize or encoding."""
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
+        constraint = None
+        if choices is not None:
+            constraint = self._choices(choices)
+            if max_new_tokens < constraint.longest:
+                raise ValueError(f"max_new_tokens {max_new_tokens} is fewer than the longest choice's "
+                                 f"{constraint.longest} tokens")
         t0 = time.perf_counter()
         rgb = _check_rgb(rgb)
         height, width = rgb.shape[:2]
@@ -146,7 +167,8 @@ class VisionLanguageModel:
         stages = {PREPROCESS: (t1 - t0) * 1e3, VISION: (t2 - t1) * 1e3}
         result = generate(self.text.native, self.text.tokenizer, self.text.stop_ids, prefix_ids + rest_ids,
                           prefix=self.prefix, features=features, image_token_id=self.image_token_id,
-                          max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages)
+                          max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages,
+                          choices=constraint)
         result.extra = {"n_image_tokens": plan.n_image_tokens, "tiles": plan.n_views, "grid": list(plan.grid)}
         return result
 

@@ -243,7 +243,7 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
 }
 
 void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
-                       GenerateResult& out) {
+                       GenerateResult& out, TokenConstraint* constraint) {
     if (p.n < 1) throw std::invalid_argument("generate needs a prompt: the first token comes from its last position");
     const Clock::time_point t0 = Clock::now();
     out.tokens.clear();
@@ -255,14 +255,28 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     prefill(p, next_logits_.data(), false);
     out.prefill_ms = ms_since(t0);
     const Clock::time_point t1 = Clock::now();
+    if (constraint) constraint->start();
     for (int64_t i = 0; i < max_new; ++i) {
-        // Greedy: the first maximum wins ties, as torch.argmax does.
-        const int32_t next = static_cast<int32_t>(std::max_element(next_logits_.begin(), next_logits_.end()) - next_logits_.begin());
+        // Greedy: the first maximum wins ties, as torch.argmax does (among the allowed tokens).
+        const int32_t next = constraint
+            ? constraint->choose(next_logits_.data(), static_cast<int64_t>(next_logits_.size()), stop_ids)
+            : static_cast<int32_t>(std::max_element(next_logits_.begin(), next_logits_.end()) - next_logits_.begin());
+        if (next < 0) {
+            out.stop_reason = "complete";
+            break;
+        }
         if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
             out.stop_reason = "stop_token";
             break;
         }
         out.tokens.push_back(next);
+        if (constraint) {
+            constraint->advance(next);
+            if (constraint->complete()) {
+                out.stop_reason = "complete";
+                break;
+            }
+        }
         if (i + 1 == max_new) break;  // the budget is spent: no need to run the last token
         if (cancelled()) {
             out.stop_reason = "cancelled";

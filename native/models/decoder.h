@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../compute.h"
+#include "../constraint.h"
 #include "../gguf.h"
 
 namespace evn {
@@ -43,7 +44,7 @@ struct KVSnapshot {
 
 struct GenerateResult {
     std::vector<int32_t> tokens;  // generated ids, the stop token excluded
-    std::string stop_reason;      // "stop_token", "max_tokens", "deadline", "context_full", "cancelled"
+    std::string stop_reason;      // "stop_token", "max_tokens", "deadline", "context_full", "cancelled", "complete"
     double prefill_ms = 0, decode_ms = 0;
     int64_t n_prompt = 0;
 };
@@ -177,8 +178,10 @@ public:
     // call's own prefill (so p must hold at least one token): nothing but the sequence state carries
     // over from one call to the next. max_ms <= 0 means no deadline; it bounds the whole call,
     // prefill included.
+    // With a constraint, each token is its choice (constraint.h) and stop_reason "complete" means
+    // the constrained answer ended where nothing may follow.
     void generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
-                  GenerateResult& out);
+                  GenerateResult& out, TokenConstraint* constraint = nullptr);
 
     // Thread-safe, from any thread: a generate() running now or later stops before its next token
     // with "cancelled" (for shutdown: a node stopping mid-answer). Sticky until cancel(false).

@@ -81,6 +81,19 @@ int main(int argc, char** argv) {
     g_counting = false;
     std::printf("generate: %zu tokens, %ld heap allocations\n", r.tokens.size(), static_cast<long>(g_allocs));
     (g_allocs <= 2 ? passed : failed)++;
+
+    // Constrained to one long choice: the trie is built before, each token's choice allocates nothing.
+    std::vector<int32_t> longest;
+    for (int i = 0; i < steps; ++i) longest.push_back(3 + i % 50);
+    evn::ChoiceTrie choices({longest}, model.config().n_vocab);
+    model.reset();
+    g_allocs = 0;
+    g_counting = true;
+    model.generate(evn::PromptInput{prompt, 4}, steps, stops, 0.0, r, &choices);
+    g_counting = false;
+    std::printf("generate with choices: %zu tokens (%s), %ld heap allocations\n", r.tokens.size(),
+                r.stop_reason.c_str(), static_cast<long>(g_allocs));
+    (g_allocs <= 2 && r.tokens == longest ? passed : failed)++;
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }
