@@ -476,3 +476,159 @@ def test_peer_prefix_cache_on_a_recurrent_model(tmp_path):
         np.testing.assert_allclose(cached[0], whole, rtol=1e-4, atol=1e-5)
     finally:
         peer.close()
+
+
+# -- MiniCPM-V 4.6: the encode of one 448 slice, its flop count and the GEMM peak -----------------
+
+# A random MiniCPMV4_6ForConditionalGeneration at small widths (so transformers' forward, our encode
+# and llama.cpp's take a fraction of a second) but the real slice: 448 px at patch 14 (1024 tokens),
+# 3 vision layers with the window merger after layer 0, eager attention so torch's flop counter sees
+# every product; its text half 4 layers of width 32 with the real vocabulary and MiniCPM-V's tokenizer
+# (minicpmv_fixtures), so load_vlm and llama-mtmd-cli both run the pair.
+TINY_VISION = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4}
+TINY_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "head_dim": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 16,
+             "linear_value_head_dim": 16}
+TINY_MROPE = [3, 3, 2]  # 16 rotary dimensions (head_dim 64, partial_rotary_factor 0.25)
+
+
+@pytest.fixture(scope="module")
+def tiny_minicpmv(tmp_path_factory):
+    """(the transformers model, {"16x", "4x": our mmproj of it, "text": our text GGUF})."""
+    torch = pytest.importorskip("torch")
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "test"))
+    try:
+        from hf_fixtures import _MARKER
+        from minicpmv_fixtures import minicpmv_config_dict, minicpmv_tokenizer_dir
+    finally:
+        sys.path.pop(0)
+    from transformers import MiniCPMV4_6Config, MiniCPMV4_6ForConditionalGeneration
+    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
+
+    from edgevlm_ros.tools.convert_minicpmv import convert_minicpmv_mmproj
+    from edgevlm_ros.tools.convert_qwen35 import convert_qwen35
+
+    cfg = minicpmv_config_dict(3, 0, 4)
+    cfg["vision_config"].update(TINY_VISION)
+    text = cfg["text_config"]
+    text.update(TINY_TEXT, rope_parameters=dict(text["rope_parameters"], mrope_section=TINY_MROPE))
+    config = MiniCPMV4_6Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    config._attn_implementation = config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = MiniCPMV4_6ForConditionalGeneration(config).eval()
+    hf = tmp_path_factory.mktemp("tiny-minicpmv")
+    model.save_pretrained(str(hf))
+    MiniCPMV4_6ImageProcessorPil().save_pretrained(str(hf))
+    for f in minicpmv_tokenizer_dir().iterdir():
+        if f.is_file() and f.name != _MARKER:
+            shutil.copy2(f, hf / f.name)
+    files = {m: convert_minicpmv_mmproj(hf, hf / m, "f32", downsample_mode=m) for m in ("16x", "4x")}
+    return model, {**files, "text": convert_qwen35(hf, hf / "text", "f32")}
+
+
+_TORCH_FLOPS: dict[tuple[int, int, str], int] = {}
+
+
+def _torch_flops(model, gh: int, gw: int, mode: str) -> int:
+    """torch's own count (FlopCounterMode: convolutions, addmm, bmm) of transformers' encode of one
+    gh x gw-patch slice (counted once per module run)."""
+    if (gh, gw, mode) in _TORCH_FLOPS:
+        return _TORCH_FLOPS[gh, gw, mode]
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    pv = torch.randn(1, 3, 14, gh * gw * 14)  # the processor's packing: one slice's patches side by side
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.model.get_image_features(pixel_values=pv, target_sizes=torch.tensor([[gh, gw]]), downsample_mode=mode)
+    _TORCH_FLOPS[gh, gw, mode] = int(counter.get_total_flops())
+    return _TORCH_FLOPS[gh, gw, mode]
+
+
+@pytest.mark.parametrize(("mode", "grid"), [("16x", (32, 32)), ("4x", (32, 32)), ("16x", (8, 12))])
+def test_minicpmv_flop_count_matches_torch(tiny_minicpmv, mode, grid):
+    """vision_cost's count, from the mmproj alone, equals torch's flop counter on transformers' forward."""
+    from edgevlm_ros.tools import vision_cost
+
+    model, mmproj = tiny_minicpmv
+    vis = _engine.VisionModel(_engine.GGUFFile(str(mmproj[mode])), 1)
+    shape = vision_cost.MiniCPMVShape.from_mmproj(mmproj[mode], vis.config)
+    assert (shape.insert_layer, shape.merger_ffn) == ((0, 4 * 96) if mode == "16x" else (None, 0))
+    ours = vision_cost.minicpmv_slice_flops(shape, *grid)
+    assert ours["total"] == _torch_flops(model, *grid, mode)
+    assert ours["total"] == sum(v for k, v in ours.items() if k not in ("total", "attention"))
+
+
+def test_bench_minicpmv_rows(tiny_minicpmv, capsys, monkeypatch):
+    """--mmproj of a MiniCPM-V 4.6 pair: the encode of one 448 slice (encode_slice) with its share of
+    the FP32 GEMM peak, and the first token of a 640x480 frame through load_vlm, appear with numbers
+    (the flops in the JSON being the independent count); where llama-mtmd-cli is installed, its numbers
+    too, from the same pair and frame, with the same views and image tokens as ours."""
+    model, files = tiny_minicpmv
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the text rows' peer: not what this test is about
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # llama-mtmd-cli's threads on a shared machine (restored after)
+    rc = bench.main(["--quick", "--model", str(files["text"]), "--mmproj", str(files["16x"]), "--no-rss",
+                     "--prefill-tokens", "4", "--decode-tokens", "2", "--bandwidth-mib", "8", "--json"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    by_key = {r["key"]: r for r in result["rows"]}
+    encode, share, ttft = by_key["vision_encode"], by_key["vision_encode_peak"], by_key["frame_ttft"]
+    assert encode["label"] == "vision encode, one 448x448 slice" and encode["ours"] > 0
+    vision = result["vision"]
+    assert vision["flops"]["total"] == _torch_flops(model, 32, 32, "16x")
+    peak = vision["gemm_peak"]
+    assert peak["gflops"] > 0 and set(peak["by_format"]) == {"F32"}  # the tiny tower is F32
+    assert share["ours"] == pytest.approx(vision["flops"]["total"] / (encode["ours"] / 1e3) / peak["gflops"] / 1e7)
+    assert "| vision encode: FLOP/s / FP32 GEMM peak | % |" in captured.err
+    ours_stages = result["frame_ttft"]["ours_stages_ms"][0]
+    assert ttft["ours"] == ours_stages["total"] > 0 and ours_stages["views"] == 3  # source view + 1x2 slices
+    assert ttft["ours"] >= ours_stages["vision"] + ours_stages["prefill"]
+    if vision["peer_cli"] is None:
+        return
+    assert encode["peer"] > 0 and share["peer"] > 0 and ttft["peer"] > 0, (encode, ttft)
+    peer = result["frame_ttft"]["peer"][0]
+    assert len(peer["encode_ms"]) == 3 and peer["image_tokens"] == ours_stages["n_image"], peer
+
+
+MTMD_LOG = """\
+0.07.196.586 W       For normal use cases, please use the standard llama-cli
+0.08.744.189 I encoding mtmd batch, n_chunks = 1 (done = 1, total = 7)
+0.24.013.985 I mtmd batch encoding done in 15270 ms
+0.24.014.005 I decoding image batch 1/1, n_tokens_batch = 63
+0.25.840.787 I image decoded (batch 1/1) in 1827 ms
+0.43.497.086 I encoding mtmd batch, n_chunks = 1 (done = 5, total = 7)
+0.57.307.810 I mtmd batch encoding done in 13811 ms
+0.57.307.828 I decoding image batch 1/1, n_tokens_batch = 70
+0.59.320.778 I image decoded (batch 1/1) in 2013 ms
+
+1.00.260.846 I llama_perf_context_print:        load time =    2931.87 ms
+1.00.260.867 I llama_perf_context_print: prompt eval time =       0.00 ms /     1 tokens
+"""
+
+
+def test_parse_mtmd_log():
+    """llama-mtmd-cli's -lv 4 lines (as it printed them for a 640x480 frame, trimmed): the first token's
+    time runs from the warning before the turn to the perf report, minutes included."""
+    got = bench.parse_mtmd_log(MTMD_LOG)
+    assert got is not None
+    assert got["ttft_ms"] == pytest.approx(60260.846 - 7196.586)
+    assert got["encode_ms"] == [15270.0, 13811.0] and got["image_decode_ms"] == [1827.0, 2013.0]
+    assert got["image_tokens"] == 133
+    assert bench.parse_mtmd_log(MTMD_LOG.replace("llama_perf_context_print", "x")) is None  # no end: no number
+
+
+def test_gemm_peak_follows_the_profile(restore_optable):
+    """The peak is the GEMM of the active operator table: on the robot profile no AVX-512 / AMX one."""
+    import argparse
+
+    from edgevlm_ros.tools import vision_cost
+
+    if not _engine.cpu_features()["avx2"]:
+        pytest.skip("needs an AVX2 CPU")
+    args = bench.add_bench_arguments(argparse.ArgumentParser()).parse_args(["--profile", "robot", "--no-peer"])
+    bench.apply_profile(bench.config_from_args(args))
+    peak = vision_cost.measure_gemm_peak(["F32", "F16"], 2, (256, 256, 64), repeats=1)
+    assert peak["variant"] == "avx2_gemm" and set(peak["by_format"]) == {"F32", "F16"}
+    assert peak["gflops"] == max(p["gflops"] for p in peak["by_format"].values()) > 0

@@ -12,7 +12,11 @@ Measures (rows of the table):
     (ours: KV snapshot restore; llama.cpp: the system prompt's KV kept, the rest re-evaluated, or
     for a recurrent / hybrid model, whose state cannot be cut back, its sequence state restored);
   * vision encode ms of one 512x512 tile of a SmolVLM-256M-shaped mmproj (random weights; the
-    peer only when a `llama-mtmd-cli` binary is found);
+    peer only when a `llama-mtmd-cli` binary is found); with --mmproj of a MiniCPM-V 4.6 pair
+    (clip.projector_type minicpmv4_6, --model its text GGUF): the encode of one 448 slice, its share
+    of the FP32 GEMM peak measured here (flops from the mmproj: tools/vision_cost.py), and the time to
+    first token of a 640x480 frame through load_vlm, each against llama-mtmd-cli on the same files
+    (docs/kernels/vision-flops.md);
   * peak RSS of a process that loads the model, prefills and decodes (one child process per
     engine, resource.getrusage);
   * the decode roofline: bytes a token reads (its weights, and for a hybrid decoder such as
@@ -59,6 +63,7 @@ import numpy as np
 
 from ..engine import optable
 from ..engine.argtypes import command_main, positive_int
+from . import vision_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -423,9 +428,9 @@ class _Peer:
 
 
 def _peer_omp_policy(cfg: BenchConfig) -> str:
-    """Sets OMP_WAIT_POLICY for llama.cpp (an OpenMP build) before it is loaded; returns what was
-    done. llama.cpp's idle OpenMP threads spin between graph nodes: on a quiet machine that is its
-    fastest setting, on a busy one (more runnable threads than cores) a thread spinning at a
+    """Sets OMP_WAIT_POLICY for llama.cpp (an OpenMP build: llama_cpp and llama-mtmd-cli) before it
+    is loaded; returns what was done. llama.cpp's idle OpenMP threads spin between graph nodes: on a
+    quiet machine that is its fastest setting, on a busy one (more runnable threads than cores) a thread spinning at a
     barrier for a descheduled partner costs it ~10x (measured here: decode 1.7 vs 18 tokens/s at
     load 5 on 2 cores). 'auto' picks PASSIVE when the 1-minute load average is >= the core count."""
     if "OMP_WAIT_POLICY" in os.environ:
@@ -439,15 +444,12 @@ def _peer_omp_policy(cfg: BenchConfig) -> str:
         choice = "passive" if busy else "default"
         why = f"auto: 1-min load {load[0] if load else '?'} {'>=' if busy else '<'} {cores} cores"
     if choice == "passive":
-        try:
-            installed = importlib.util.find_spec("llama_cpp") is not None
-        except (ImportError, ValueError):  # a None entry in sys.modules (hidden on purpose)
-            installed = False
-        if not installed:
-            return f"not set ({why}): llama_cpp is not importable"
-        if sys.modules.get("llama_cpp") is not None:
-            return f"not set ({why}): llama_cpp was already loaded in this process"
+        # Read by llama_cpp when it is loaded and by llama-mtmd-cli (a child process), which runs
+        # whether llama_cpp is importable or not.
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        if sys.modules.get("llama_cpp") is not None:
+            return (f"OMP_WAIT_POLICY=PASSIVE ({why}) for llama-mtmd-cli only: llama_cpp was already loaded "
+                    "in this process")
         return f"OMP_WAIT_POLICY=PASSIVE ({why})"
     return f"OpenMP default ({why})"
 
@@ -549,6 +551,7 @@ class BenchConfig:
     peer_lib: Path | None = None
     rss: bool = True
     mtmd_cli: str | None = None
+    peak_shape: tuple[int, int, int] = vision_cost.PEAK_SHAPE  # the GEMM the FP32 peak is measured on
     n_ctx: int = 2048
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
@@ -872,7 +875,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         peer = None
 
     # Vision encode.
-    rows.append(_vision_row(cfg, result))
+    rows.extend(_vision_rows(cfg, result))
 
     # Peak RSS: a child process per engine (load, prefill, decode).
     rss_row = Row("peak_rss", "peak RSS (load + prefill + decode)", "MiB", False)
@@ -920,32 +923,40 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     return result
 
 
-def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
+MINICPMV = "minicpmv4_6"
+
+
+def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
+    """The vision encode of one tile (SmolVLM: a square tile through encode(); MiniCPM-V 4.6: one
+    448 slice through encode_slice()), ours and llama-mtmd-cli's; for MiniCPM-V also the share of
+    the GEMM peak the encode reaches (flops counted from the mmproj: tools/vision_cost.py)."""
     from .. import _engine
 
     row = Row("vision_encode", "vision encode, one 512x512 tile", "ms", False)
     if not cfg.vision:
         row.note = "not run (--no-vision)"
-        return row
+        return [row]
     log = cfg.log
     try:
         if cfg.mmproj is not None:
-            mmproj, text = cfg.mmproj, None
+            mmproj, text = cfg.mmproj, cfg.model  # llama.cpp runs it with --model as its text half
         else:
             text, mmproj = build_vision_model(cfg.cache_dir, cfg.vision_layers, log)
     except (RuntimeError, ValueError, OSError, ImportError) as exc:
         row.note = f"skipped: {exc}"
-        return row
+        return [row]
     vis = _engine.VisionModel(_engine.GGUFFile(str(mmproj)), threads=cfg.threads)
     vcfg = vis.config
     size = int(vcfg["image_size"])
-    row.label = f"vision encode, one {size}x{size} tile"
+    slices = vcfg["projector"] == MINICPMV
+    row.label = f"vision encode, one {size}x{size} {'slice' if slices else 'tile'}"
     rng = np.random.default_rng(0)
-    pixels = rng.uniform(-1.0, 1.0, (1, 3, size, size)).astype(np.float32)
+    pixels = rng.uniform(-1.0, 1.0, (3, size, size) if slices else (1, 3, size, size)).astype(np.float32)
+    encode = vis.encode_slice if slices else vis.encode
 
     def ours_once() -> float:
         t0 = time.perf_counter()
-        vis.encode(pixels)
+        encode(pixels)
         return (time.perf_counter() - t0) * 1e3
 
     cli = find_mtmd_cli(cfg.mtmd_cli) if cfg.peer else None
@@ -954,25 +965,19 @@ def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
     image_path: Path | None = None
     if cfg.peer and cli is None:
         peer_note = "llama.cpp: no llama-mtmd-cli binary found (scripts/install_bench_extra.sh --with-mtmd builds one)"
-    elif cli is not None and text is None:
-        peer_note = "llama.cpp: needs the text GGUF beside --mmproj; not run"
-        cli = None
     peer_proj = mmproj
-    if cli is not None:
+    if cli is not None and not slices:  # MiniCPM-V's 448x448 frame is one view as it is: no copy needed
         try:
             peer_proj = peer_mmproj(mmproj, size)
         except (ValueError, OSError) as exc:
             peer_note = f"llama.cpp: {exc}"
             cli = None
     if cli is not None:
-        import cv2
-
-        image_path = Path(tempfile.mkdtemp(prefix="edgevlm-bench-")) / "tile.png"
-        cv2.imwrite(str(image_path), rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+        image_path = _random_image(size, size, rng)
 
     def peer_once() -> float:
         nonlocal peer_note
-        assert cli is not None and text is not None and image_path is not None
+        assert cli is not None and image_path is not None
         times, err = _peer_vision_once(cli, text, peer_proj, image_path, cfg.threads)
         if err:
             peer_note = err
@@ -980,6 +985,9 @@ def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
         peer_samples.extend(times)
         return float(statistics.median(times))
 
+    peak = _EncodePeak(cfg, mmproj, vcfg) if slices else None
+    if peak is not None:
+        peak.measure("before the encode")
     log(f"[bench] vision encode ({vcfg['n_layer']} layers, {size}x{size}) x{cfg.repeats}"
         + (f", llama.cpp via {cli}" if cli else ""))
     # No warm-up run: one encode costs seconds, and paging in the weights is a small part of it.
@@ -991,14 +999,181 @@ def _vision_row(cfg: BenchConfig, result: dict[str, Any]) -> Row:
     notes = [f"{vcfg['n_layer']} layers, width {vcfg['n_embd']}, random weights"]
     if peer_note:
         notes.append(peer_note)
+    elif cli and slices:
+        notes.append("llama.cpp: 'mtmd batch encoding done' of llama-mtmd-cli on a 448x448 image (its source "
+                     "view, no slices: one 448 slice)")
     elif cli:
         notes.append("llama.cpp: median time per encoded tile printed by llama-mtmd-cli (its mmproj copy has "
                      "preproc_image_size = one tile, so a frame is one tile + llama.cpp's global view)")
     row.note = "; ".join(notes)
-    result["vision"] = {"mmproj": str(mmproj), "config": dict(vcfg), "peer_cli": cli}
+    result["vision"] = {"mmproj": str(mmproj), "config": dict(vcfg), "peer_cli": cli, "variants": vis.variants()}
+    if image_path is not None:
+        shutil.rmtree(image_path.parent, ignore_errors=True)
+    if peak is None:
+        return [row]
+    peak.measure("after the encode")
+    return [row, peak.row(row, result), _frame_ttft_row(cfg, result, text, mmproj, cli)]
+
+
+def _random_image(width: int, height: int, rng: np.random.Generator) -> Path:
+    """A random RGB PNG in a fresh temporary folder (the caller removes the folder)."""
+    import cv2
+
+    path = Path(tempfile.mkdtemp(prefix="edgevlm-bench-")) / f"frame-{width}x{height}.png"
+    cv2.imwrite(str(path), rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    return path
+
+
+class _EncodePeak:
+    """The FP32 GEMM peak (in the active profile) measured right before and right after the encode
+    runs, the higher kept (the host's other load moves it as it moves the bandwidth), and the row:
+    flops of one 448 slice / encode time / that peak."""
+
+    def __init__(self, cfg: BenchConfig, mmproj: Path, vcfg: Mapping[str, Any]) -> None:
+        from .. import _engine
+
+        self.cfg = cfg
+        self.side = int(vcfg["image_size"]) // int(vcfg["patch_size"])
+        shape = vision_cost.MiniCPMVShape.from_mmproj(mmproj, vcfg)
+        self.flops = vision_cost.minicpmv_slice_flops(shape, self.side, self.side)
+        tensors = _engine.GGUFFile(str(mmproj)).tensors()
+        self.formats = ["F32", next(t["type"] for t in tensors if t["name"] == "v.blk.0.attn_q.weight")]
+        self.runs: list[dict[str, Any]] = []
+
+    def measure(self, when: str) -> None:
+        shape = self.cfg.peak_shape
+        self.cfg.log(f"[bench] FP32 GEMM peak {when} ({'x'.join(map(str, shape))}, "
+                     f"{' and '.join(dict.fromkeys(self.formats))} weights)")
+        self.runs.append(vision_cost.measure_gemm_peak(self.formats, self.cfg.threads, shape, self.cfg.repeats))
+
+    def row(self, encode: Row, result: dict[str, Any]) -> Row:
+        peak = max(self.runs, key=lambda r: r["gflops"])
+        result["vision"]["flops"] = self.flops
+        result["vision"]["gemm_peak"] = {**peak, "all_runs_gflops": [r["gflops"] for r in self.runs]}
+        total = self.flops["total"]
+        seen = "/".join(f"{r['gflops']:.0f}" for r in self.runs)
+
+        def share(ms: float | None) -> float | None:
+            return total / (ms / 1e3) / (peak["gflops"] * 1e9) * 100 if ms else None
+
+        row = Row("vision_encode_peak", "vision encode: FLOP/s / FP32 GEMM peak", "%", True,
+                  share(encode.ours), share(encode.peer))
+        row.note = (f"{total / 1e9:.1f} GFLOP per {self.side}x{self.side}-patch slice (attention "
+                    f"{self.flops['attention'] / 1e9:.1f}; docs/kernels/vision-flops.md); peak "
+                    f"{peak['gflops']:.0f} GFLOP/s: {peak['variant']} on {peak['format']} weights, "
+                    f"{'x'.join(map(str, peak['shape']))}, {self.cfg.threads} threads (the higher of "
+                    f"{seen}, before and after the encode)")
+        return row
+
+
+FRAME = (640, 480)  # width x height: a camera frame (MiniCPM-V 4.6: its source view + a 1x2 grid of slices)
+
+
+def _frame_ttft_row(cfg: BenchConfig, result: dict[str, Any], text: Path, mmproj: Path, cli: str | None) -> Row:
+    """Time to first token of one 640x480 frame, tiled (source view + slices), no prefix cache: ours
+    through load_vlm(...).describe(max_new_tokens=1) (preprocess + vision + prefill), llama.cpp's
+    llama-mtmd-cli on the same pair and the same frame as a PNG (-n 0: from loading the image to the
+    prompt's last logits, parse_mtmd_log)."""
+    from ..engine.vlm import DEFAULT_PROMPT, load_vlm
+
+    width, height = FRAME
+    row = Row("frame_ttft", f"first token, {width}x{height} frame (tiled, no prefix cache)", "ms", False)
+    try:
+        vlm = load_vlm(text, mmproj, threads=cfg.threads, image_mode="tiled", prefix_cache=False)
+    except (ValueError, OSError) as exc:
+        row.note = f"skipped: {exc}"
+        return row
+    rgb = np.random.default_rng(1).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    image_path: Path | None = None
+    if cli is not None:
+        import cv2
+
+        image_path = Path(tempfile.mkdtemp(prefix="edgevlm-bench-")) / f"frame-{width}x{height}.png"
+        cv2.imwrite(str(image_path), rgb[:, :, ::-1])  # the same pixels (OpenCV writes BGR)
+    ours_stages: list[dict[str, float]] = []
+    peer_runs: list[dict[str, Any]] = []
+    peer_err = ""
+
+    def ours_once() -> float:
+        r = vlm.describe(rgb, DEFAULT_PROMPT, max_new_tokens=1)
+        ours_stages.append(dict(r.timings_ms, n_prompt=len(r.prompt_token_ids), n_image=r.extra["n_image_tokens"],
+                                views=r.extra["tiles"]))
+        return float(r.timings_ms["total"])
+
+    def peer_once() -> float:
+        nonlocal peer_err
+        assert cli is not None and image_path is not None
+        cmd = [cli, "-m", str(text), "--mmproj", str(mmproj), "--image", str(image_path), "-p", DEFAULT_PROMPT,
+               "-n", "0", "-t", str(cfg.threads), "--temp", "0", "-c", "4096", "-lv", "4"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        parsed = parse_mtmd_log(proc.stdout + proc.stderr)
+        if proc.returncode != 0 or parsed is None:
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            peer_err = f"llama-mtmd-cli exited {proc.returncode} without its timings ({tail})"
+            return float("nan")
+        peer_runs.append(parsed)
+        return float(parsed["ttft_ms"])
+
+    cfg.log(f"[bench] first token of a {width}x{height} frame (tiled) x{cfg.repeats}"
+            + (f", llama.cpp via {cli}" if cli else ""))
+    a, b = _alternate(cfg.repeats, ours_once, peer_once if cli else None)
+    good = [x for x in b if x == x]
+    row.ours, row.peer = _median(a), _median(good) if good else None
+    row.samples = {"ours_ms": a, "peer_ms": b}
+    last = ours_stages[-1]
+    notes = [f"ours: {last['views']} views, {last['n_image']} image tokens of {last['n_prompt']}; median preprocess "
+             f"{_median([st['preprocess'] for st in ours_stages]):.0f} ms, vision "
+             f"{_median([st['vision'] for st in ours_stages]):.0f} ms, prefill "
+             f"{_median([st['prefill'] for st in ours_stages]):.0f} ms"]
+    if peer_runs:
+        notes.append(f"llama.cpp: {len(peer_runs[-1]['encode_ms'])} views, {peer_runs[-1]['image_tokens']} image "
+                     f"tokens; median vision {_median([sum(r['encode_ms']) for r in peer_runs]):.0f} ms, image-token "
+                     f"prefill {_median([sum(r['image_decode_ms']) for r in peer_runs]):.0f} ms (the rest: PNG "
+                     "decode, its preprocessing, the text chunks)")
+    if peer_err:
+        notes.append(peer_err)
+    row.note = "; ".join(notes)
+    result["frame_ttft"] = {"size": list(FRAME), "ours_stages_ms": ours_stages, "peer": peer_runs}
     if image_path is not None:
         shutil.rmtree(image_path.parent, ignore_errors=True)
     return row
+
+
+# llama.cpp's log lines at -lv 4: "M.SS.mmm.uuu L text" (minutes, seconds, milliseconds, microseconds since start).
+_STAMP_RE = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) [A-Z] (.*)$")
+_ENCODE_RE = re.compile(r"mtmd batch encoding done in (\d+) ms")
+_IMAGE_DECODE_RE = re.compile(r"image decoded \(batch \d+/\d+\) in (\d+) ms")
+_IMAGE_BATCH_RE = re.compile(r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)")
+
+
+def parse_mtmd_log(log: str) -> dict[str, Any] | None:
+    """llama-mtmd-cli's timings from its -lv 4 log (None if they are not all there): ttft_ms from its
+    last line before the single turn (the experimental-CLI warning, printed before the image is
+    loaded) to its perf report (printed once the prompt's last logits are there, with -n 0); the
+    encode time of each image batch; the prefill time of each image-token batch; the image tokens."""
+    start = end = None
+    encode: list[float] = []
+    decode: list[float] = []
+    image_tokens = 0
+    for line in log.splitlines():
+        m = _STAMP_RE.match(line)
+        if not m:
+            continue
+        t = int(m[1]) * 60e3 + int(m[2]) * 1e3 + int(m[3]) + int(m[4]) / 1e3
+        msg = m[5]
+        if "please use the standard llama-cli" in msg:
+            start = t
+        elif "llama_perf_context_print:" in msg and "load time" in msg and end is None:
+            end = t
+        elif e := _ENCODE_RE.search(msg):
+            encode.append(float(e[1]))
+        elif d := _IMAGE_DECODE_RE.search(msg):
+            decode.append(float(d[1]))
+        elif n := _IMAGE_BATCH_RE.search(msg):
+            image_tokens += int(n[1])
+    if start is None or end is None or not encode or end < start:
+        return None
+    return {"ttft_ms": end - start, "encode_ms": encode, "image_decode_ms": decode, "image_tokens": image_tokens}
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -1099,7 +1274,7 @@ def write_png(result: dict[str, Any], path: Path) -> None:
     bars = []
     for r in result["rows"]:
         ratio = r["ratio_ours_over_peer"]
-        if ratio is None or r["key"] in ("decode_ms", "decode_bound"):
+        if ratio is None or r["key"] in ("decode_ms", "decode_bound", "vision_encode_peak"):
             continue
         speed = ratio if r["higher_is_better"] else 1.0 / ratio if ratio else 0.0
         bars.append((r["label"], speed))
@@ -1159,7 +1334,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--no-vision", action="store_true", help="skip the vision encoder")
     parser.add_argument("--vision-layers", type=positive_int, default=None,
                         help="layers of the random vision tower (12, as SmolVLM-256M)")
-    parser.add_argument("--mmproj", default=None, help="time this mmproj instead of a random one (ours only)")
+    parser.add_argument("--mmproj", default=None,
+                        help="time this mmproj instead of a random one (llama.cpp runs it with --model as its "
+                        "text half)")
     parser.add_argument("--mtmd-cli", default=None, help="llama.cpp's llama-mtmd-cli (default: venv, then PATH)")
     parser.add_argument("--cache-dir", default=None, help="where the random vision model is kept "
                         "(~/.cache/edgevlm_ros/bench)")
@@ -1177,7 +1354,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="folder of the libllama.so llama.cpp loads (LLAMA_CPP_LIB_PATH; robot profile default: "
                         "$EDGEVLM_ROBOT_LLAMA_LIB or ~/.cache/edgevlm/llama-robot)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes for a smoke test: prefill 8,16, decode 8, 1 repeat, 1 vision layer")
+                        help="tiny sizes for a smoke test: prefill 8,16, decode 8, 1 repeat, 1 vision layer, a "
+                        "1152x1152x256 GEMM for the FP32 peak")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                         help="write the raw numbers as JSON to FILE (alone: JSON on stdout, the table on stderr)")
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the ratios as a PNG chart")
@@ -1213,6 +1391,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         peer_lib=Path(args.peer_lib) if args.peer_lib else None,
         rss=not args.no_rss,
         mtmd_cli=args.mtmd_cli,
+        peak_shape=vision_cost.QUICK_PEAK_SHAPE if quick else vision_cost.PEAK_SHAPE,
     )
 
 
