@@ -25,6 +25,8 @@ from minicpmv_fixtures import (
     cached_minicpmv_llama_cpp_mmproj,
     cached_minicpmv_llama_cpp_text,
     cached_minicpmv_pair,
+    gradient_image,
+    reference_model,
     reference_processor,
 )
 
@@ -46,11 +48,7 @@ def hf_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def hf_model(hf_dir: Path) -> Any:
-    import torch
-    from transformers import MiniCPMV4_6ForConditionalGeneration
-
-    torch.set_num_threads(THREADS)
-    return MiniCPMV4_6ForConditionalGeneration.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    return reference_model(hf_dir, THREADS)
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +58,7 @@ def pair(hf_dir: Path) -> dict[str, Path]:
 
 
 def _image(width: int, height: int) -> np.ndarray:
-    rng = np.random.default_rng(width + 7 * height)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], axis=-1)
-    return np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
+    return gradient_image(width, height, seed=width + 7 * height)
 
 
 def _vlm(text: Path, mmproj: Path, mode: str = "tiled", **kw: Any) -> Any:
