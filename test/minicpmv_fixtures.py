@@ -32,7 +32,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from hf_fixtures import _MARKER, build_once
 from qwen35_fixtures import (
     LLAMA_CPP_VERSION,
@@ -118,23 +117,6 @@ def cached_minicpmv(vision_layers: int = 2, insert_layer_id: int = 0, text_layer
     out = cache_root() / f"minicpmv46-random-v{vision_layers}i{insert_layer_id}-l{text_layers}-s{seed}"
     return build_once(out, args,
                        lambda tmp: _write_checkpoint(tmp, vision_layers, insert_layer_id, text_layers, seed))
-
-
-def reference_model(hf: Path, threads: int) -> Any:
-    """transformers' MiniCPMV4_6ForConditionalGeneration of that checkpoint, F32, in eval mode."""
-    import torch
-    from transformers import MiniCPMV4_6ForConditionalGeneration
-
-    torch.set_num_threads(threads)
-    return MiniCPMV4_6ForConditionalGeneration.from_pretrained(str(hf), dtype=torch.float32).eval()
-
-
-def gradient_image(width: int, height: int, seed: int) -> np.ndarray:
-    """An RGB uint8 test frame: colour gradients along both axes plus seeded noise (every slice differs)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], axis=-1)
-    return np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
 
 
 def cached_minicpmv_llama_cpp_mmproj(hf: Path) -> Path:

@@ -18,14 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from minicpmv_fixtures import (
-    PATCH,
-    cached_minicpmv,
-    cached_minicpmv_llama_cpp_mmproj,
-    cached_minicpmv_pair,
-    gradient_image,
-    reference_model,
-)
+from minicpmv_fixtures import PATCH, cached_minicpmv, cached_minicpmv_llama_cpp_mmproj
 
 FULL = os.environ.get("EDGEVLM_MINICPMV_FULL") == "1"
 VISION_LAYERS, INSERT = (27, 6) if FULL else (2, 0)
@@ -42,14 +35,20 @@ def hf_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def hf_model(hf_dir: Path) -> Any:
-    return reference_model(hf_dir, THREADS)
+    import torch
+    from transformers import MiniCPMV4_6ForConditionalGeneration
+
+    torch.set_num_threads(THREADS)
+    model = MiniCPMV4_6ForConditionalGeneration.from_pretrained(str(hf_dir), dtype=torch.float32)
+    return model.eval()
 
 
 @pytest.fixture(scope="module")
-def mmproj(hf_dir: Path) -> dict[str, Path]:
-    """Our converter's F32 mmproj per downsample mode (built once, shared with test_minicpmv_vlm)."""
-    pair = cached_minicpmv_pair(hf_dir)
-    return {m: pair[m] for m in MODES}
+def mmproj(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from edgevlm_ros.tools.convert_minicpmv import convert_minicpmv_mmproj
+
+    out = tmp_path_factory.mktemp("minicpmv")
+    return {m: convert_minicpmv_mmproj(hf_dir, out / m, "f32", downsample_mode=m) for m in MODES}
 
 
 def _vision(path: Path) -> Any:
@@ -61,7 +60,11 @@ def _vision(path: Path) -> Any:
 def _image(width: int, height: int) -> Any:
     from PIL import Image
 
-    return Image.fromarray(gradient_image(width, height, seed=width * height))
+    rng = np.random.default_rng(width * height)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], axis=-1)
+    noise = rng.integers(-40, 40, base.shape)
+    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
 
 
 def _slices(hf_dir: Path, size: tuple[int, int], mode: str) -> tuple[Any, Any, list[np.ndarray]]:

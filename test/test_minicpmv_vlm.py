@@ -25,8 +25,6 @@ from minicpmv_fixtures import (
     cached_minicpmv_llama_cpp_mmproj,
     cached_minicpmv_llama_cpp_text,
     cached_minicpmv_pair,
-    gradient_image,
-    reference_model,
     reference_processor,
 )
 
@@ -48,7 +46,11 @@ def hf_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def hf_model(hf_dir: Path) -> Any:
-    return reference_model(hf_dir, THREADS)
+    import torch
+    from transformers import MiniCPMV4_6ForConditionalGeneration
+
+    torch.set_num_threads(THREADS)
+    return MiniCPMV4_6ForConditionalGeneration.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,10 @@ def pair(hf_dir: Path) -> dict[str, Path]:
 
 
 def _image(width: int, height: int) -> np.ndarray:
-    return gradient_image(width, height, seed=width + 7 * height)
+    rng = np.random.default_rng(width + 7 * height)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], axis=-1)
+    return np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
 
 
 def _vlm(text: Path, mmproj: Path, mode: str = "tiled", **kw: Any) -> Any:

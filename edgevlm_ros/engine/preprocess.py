@@ -57,7 +57,6 @@ __all__ = [
     "ImageRefused",
     "PreprocessConfig",
     "PreprocessedImage",
-    "check_frame_pixels",
     "expand_image_prompt",
     "preprocess",
     "tile_grid",
@@ -215,13 +214,6 @@ class ImageRefused(ValueError):
     has no room for); the message is one line."""
 
 
-def check_frame_pixels(height: int, width: int, max_image_pixels: int | None) -> None:
-    """ImageRefused (one line) when a height x width frame has more than max_image_pixels (None: no limit)."""
-    if max_image_pixels is not None and height * width > max_image_pixels:
-        raise ImageRefused(f"image {width}x{height} has {height * width} pixels, more than max_image_pixels "
-                           f"{max_image_pixels}")
-
-
 @dataclass(frozen=True)
 class ImagePlan:
     """What a frame of a given size turns into, known before any pixel is resized (a VLM family's
@@ -377,8 +369,10 @@ def preprocess(rgb: np.ndarray, cfg: PreprocessConfig) -> PreprocessedImage:
         image = _resize(_resize(image, h, w, cfg.resample), tile, tile, cfg.resample)
         tiles = np.asarray(image)[None]
     else:
-        first, (h, w) = _tiled_sizes(image.height, image.width, cfg)
-        image = _resize(_resize(image, *first, cfg.resample), h, w, cfg.resample)
+        (h, w), (h2, w2) = _tiled_sizes(image.height, image.width, cfg)
+        image = _resize(image, h, w, cfg.resample)
+        h, w = h2, w2
+        image = _resize(image, h, w, cfg.resample)
         if h > tile or w > tile:
             rows, cols = h // tile, w // tile
             full = np.asarray(image)
@@ -445,7 +439,9 @@ class Idefics3Images:
                              f"{self.config.image_seq_len}")
 
     def plan(self, height: int, width: int, max_image_pixels: int | None = None) -> ImagePlan:
-        check_frame_pixels(height, width, max_image_pixels)
+        if max_image_pixels is not None and height * width > max_image_pixels:
+            raise ImageRefused(f"image {width}x{height} has {height * width} pixels, more than max_image_pixels "
+                               f"{max_image_pixels}")
         rows, cols = tile_grid(height, width, self.config)
         n = rows * cols + 1 if rows else 1
         per = self.config.image_seq_len

@@ -53,7 +53,6 @@ from .preprocess import (
     _check_rgb,
     _positive_int,
     _three_floats,
-    check_frame_pixels,
     normalize_chw,
     normalize_lut,
 )
@@ -265,10 +264,12 @@ def check_budget(plan: SlicePlan, max_image_tokens: int | None = None, max_image
     if plan.refine:
         views += f" + {plan.grid[0]}x{plan.grid[1]} slices of {plan.refine[1] // plan.grid[1]}x" \
                  f"{plan.refine[0] // plan.grid[0]}"
-    check_frame_pixels(h, w, max_image_pixels)
-    if max_image_pixels is not None and plan.resized_pixels > max_image_pixels:
-        raise ImageRefused(f"image {w}x{h} resizes to {plan.resized_pixels} pixels ({views}), more than "
-                           f"max_image_pixels {max_image_pixels}")
+    if max_image_pixels is not None:
+        if h * w > max_image_pixels:
+            raise ImageRefused(f"image {w}x{h} has {h * w} pixels, more than max_image_pixels {max_image_pixels}")
+        if plan.resized_pixels > max_image_pixels:
+            raise ImageRefused(f"image {w}x{h} resizes to {plan.resized_pixels} pixels ({views}), more than "
+                               f"max_image_pixels {max_image_pixels}")
     if max_image_tokens is not None and plan.n_image_tokens > max_image_tokens:
         raise ImageRefused(f"image {w}x{h} needs {plan.n_image_tokens} image tokens ({views}) but the context has "
                            f"room for {max_image_tokens}: use image_mode single, fewer slices or a larger context")

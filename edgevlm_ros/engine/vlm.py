@@ -67,8 +67,8 @@ class VisionLanguageModel:
             )
         self.image_token_id: int = image_id
         self.system_prompt = system_prompt
-        # (prefix ids, the rest) by (prompt, ImagePlan.key): the template is rendered and tokenized
-        # once per prompt and image layout (tile grid, or views' token counts), not once per frame.
+        # (prefix ids, the rest) by (prompt, rows, cols): the template is rendered and tokenized
+        # once per prompt (and tile grid), not once per frame.
         self._prompt_parts: PromptCache[tuple[tuple[int, ...], tuple[int, ...]]] = PromptCache()
         self._constraints: PromptCache[Any] = PromptCache(16)  # Choices by the tuple of strings
         # The fixed prefix is everything before the image: it depends on the system prompt only,
