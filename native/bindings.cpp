@@ -10,6 +10,7 @@
 
 #include "bindings_kernels.h"
 #include "gguf.h"
+#include "json_schema.h"
 #include "models/registry.h"
 
 namespace py = pybind11;
@@ -215,8 +216,11 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("n_tokens", [](const Prompt& p) { return p.ids.size(); })
         .def_property_readonly("n_slots", [](const Prompt& p) { return p.slots.size(); });
 
-    // A constraint on what generate() may produce: exactly one of these token sequences.
-    py::class_<ChoiceTrie, std::shared_ptr<ChoiceTrie>>(m, "Choices")
+    // Constraints on what generate() may produce (constraint.h).
+    py::class_<TokenConstraint, std::shared_ptr<TokenConstraint>>(m, "TokenConstraint");
+
+    // Exactly one of these token sequences.
+    py::class_<ChoiceTrie, TokenConstraint, std::shared_ptr<ChoiceTrie>>(m, "Choices")
         .def(py::init([](const std::vector<std::vector<int32_t>>& choices, int64_t n_vocab) {
                  try {
                      return std::make_shared<ChoiceTrie>(choices, n_vocab);
@@ -227,6 +231,66 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("choices"), py::arg("n_vocab"))
         .def_property_readonly("n_nodes", &ChoiceTrie::n_nodes)
         .def_property_readonly("longest", &ChoiceTrie::longest, "tokens of the longest choice");
+
+    // The bytes every token decodes to (b"" for a token never chosen): once per vocabulary.
+    py::class_<TokenBytes, std::shared_ptr<TokenBytes>>(m, "TokenBytes")
+        .def(py::init([](const std::vector<py::bytes>& pieces) {
+                 std::vector<std::string> v;
+                 v.reserve(pieces.size());
+                 for (const py::bytes& b : pieces) v.emplace_back(b);
+                 return std::make_shared<TokenBytes>(v);
+             }),
+             py::arg("pieces"))
+        .def("__len__", &TokenBytes::size)
+        .def_property_readonly("single_byte_tokens", &TokenBytes::single_byte_tokens);
+
+    // An answer that parses as JSON and validates against a schema compiled by engine/constraints.py:
+    // nodes (kind, a, b, children, literals, required), node 0 the root (json_schema.h).
+    using NodeTuple = std::tuple<int32_t, int64_t, int64_t, std::vector<int32_t>, std::vector<py::bytes>, std::vector<bool>>;
+    py::class_<JsonSchemaConstraint, TokenConstraint, std::shared_ptr<JsonSchemaConstraint>>(m, "JsonSchema")
+        .def(py::init([](const std::vector<NodeTuple>& nodes, std::shared_ptr<const TokenBytes> vocab) {
+                 std::vector<SchemaNode> v(nodes.size());
+                 for (size_t i = 0; i < nodes.size(); ++i) {
+                     const auto& [kind, a, b, children, literals, required] = nodes[i];
+                     v[i].kind = kind;
+                     v[i].a = a;
+                     v[i].b = b;
+                     v[i].children = children;
+                     for (const py::bytes& l : literals) v[i].literals.emplace_back(l);
+                     v[i].required.assign(required.begin(), required.end());
+                 }
+                 return std::make_shared<JsonSchemaConstraint>(v, std::move(vocab));
+             }),
+             py::arg("nodes"), py::arg("vocab"))
+        .def_property_readonly("min_tokens", &JsonSchemaConstraint::min_answer_bytes,
+                               "the fewest tokens that always suffice for an answer (bytes of the shortest one)")
+        .def_property_readonly("min_completion", &JsonSchemaConstraint::min_completion_bytes)
+        .def_property_readonly("utf8_strings", &JsonSchemaConstraint::utf8_strings)
+        .def_property_readonly("complete", &JsonSchemaConstraint::complete)
+        .def_property_readonly("accepting", &JsonSchemaConstraint::accepting)
+        .def_property_readonly("stats", [](const JsonSchemaConstraint& c) {
+            const JsonSchemaConstraint::Stats s = c.stats();
+            py::dict d;
+            d["chosen"] = s.chosen;
+            d["examined"] = s.examined;
+            d["fallbacks"] = s.fallbacks;
+            return d;
+        }, "of the last request: tokens chosen, candidates examined, single-byte fallbacks")
+        .def_property_readonly_static("top_k", [](py::object) { return JsonSchemaConstraint::kTopK; })
+        .def("start", &JsonSchemaConstraint::start, py::arg("max_tokens") = 0)
+        .def("allows", &JsonSchemaConstraint::allows, py::arg("token"))
+        .def("choose", [](const JsonSchemaConstraint& c, py::array_t<float, py::array::c_style | py::array::forcecast> logits,
+                          const std::vector<int32_t>& stop_ids) {
+            if (logits.ndim() != 1) throw py::value_error("logits must be 1-D");
+            return c.choose(logits.data(), logits.shape(0), stop_ids);
+        }, py::arg("logits"), py::arg("stop_ids"), "the token generate() would choose after these logits")
+        .def("advance", [](JsonSchemaConstraint& c, int32_t token) {
+            try {
+                c.advance(token);
+            } catch (const std::logic_error& e) {
+                throw py::value_error(e.what());
+            }
+        }, py::arg("token"));
 
     py::class_<Decoder>(m, "Decoder")
         .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch) {
@@ -285,7 +349,7 @@ PYBIND11_MODULE(_engine, m) {
            "Appends tokens to the sequence (the rows at `slots` take the rows of `features`, shape (len(slots), "
            "n_embd): an image); returns the last position's logits, or every position's.")
         .def("generate", [](Decoder& mdl, py::object prompt, int64_t max_new, std::vector<int32_t> stop_ids, double max_ms,
-                            std::shared_ptr<ChoiceTrie> choices) {
+                            std::shared_ptr<TokenConstraint> constraint) {
             if (max_new < 0) throw py::value_error("max_new_tokens must be >= 0");
             // A Prompt starts from its prefix (or an empty sequence); bare ids go on the sequence as it stands.
             Prompt bare;
@@ -305,7 +369,7 @@ PYBIND11_MODULE(_engine, m) {
                 else if (request) mdl.reset();
                 const double start_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
                 mdl.generate(p.input(), max_new, stop_ids, max_ms > 0 ? std::max(max_ms - start_ms, 1e-6) : 0.0, r,
-                             choices.get());
+                             constraint.get());
                 r.prefill_ms += start_ms;
             }
             py::dict d;
@@ -316,11 +380,11 @@ PYBIND11_MODULE(_engine, m) {
             d["n_prompt"] = r.n_prompt;
             return d;
         }, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::arg("max_ms") = 0.0,
-           py::arg("choices") = nullptr,
+           py::arg("constraint") = nullptr,
            "Greedy decoding after prefilling prompt: a Prompt (restored prefix or empty sequence first, image "
            "features at their slots) or token ids (appended to the sequence as it stands). The stop token is not "
-           "returned; prefill_ms includes restoring the prefix. With `choices` (a Choices), the answer is one of "
-           "them (stop_reason 'complete' where nothing may follow).")
+           "returned; prefill_ms includes restoring the prefix. With a `constraint` (Choices: the answer is one of "
+           "them; JsonSchema: the answer is JSON valid against it), stop_reason 'complete' where nothing may follow.")
         .def("cancel", [](Decoder& mdl, bool on) { mdl.cancel(on); }, py::arg("on") = true,
              py::call_guard<py::gil_scoped_release>(),
              "From any thread: generate() stops before its next token with stop_reason 'cancelled' "

@@ -12,8 +12,9 @@ namespace evn {
 class TokenConstraint {
 public:
     virtual ~TokenConstraint() = default;
-    // Before a request's first token.
-    virtual void start() = 0;
+    // Before a request's first token; max_tokens: how many tokens the answer may take at most
+    // (the decoder's budget and the context's room; <= 0: unbounded).
+    virtual void start(int64_t max_tokens) = 0;
     // The greedy token among the allowed ones (the first of equal maxima, as argmax over masked
     // logits), one of `stop_ids` when ending the answer here is allowed and wins, or -1 when the
     // answer is complete and nothing may follow.
@@ -33,7 +34,7 @@ public:
     // than kMaxNodes trie nodes.
     ChoiceTrie(const std::vector<std::vector<int32_t>>& choices, int64_t n_vocab);
 
-    void start() override { node_ = 0; }
+    void start(int64_t) override { node_ = 0; }
     int32_t choose(const float* logits, int64_t n_vocab, const std::vector<int32_t>& stop_ids) const override;
     void advance(int32_t token) override;
     bool complete() const override {

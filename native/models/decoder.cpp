@@ -255,7 +255,9 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     prefill(p, next_logits_.data(), false);
     out.prefill_ms = ms_since(t0);
     const Clock::time_point t1 = Clock::now();
-    if (constraint) constraint->start();
+    // The most tokens this call can produce: the budget, and the context's room (the first token
+    // comes from the prefill's logits, each later one needs a position).
+    if (constraint) constraint->start(std::min<int64_t>(max_new, n_ctx_ - n_past_ + 1));
     for (int64_t i = 0; i < max_new; ++i) {
         // Greedy: the first maximum wins ties, as torch.argmax does (among the allowed tokens).
         const int32_t next = constraint

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "../gguf.h"
+#include "../json_schema.h"
 #include "../models/decoder.h"
 
 extern "C" {
@@ -44,6 +45,42 @@ int posix_memalign(void** out, size_t al, size_t n) {
     return *out ? 0 : 12;
 }
 void free(void* p) { __libc_free(p); }
+}
+
+// The bytes of a byte-level BPE vocabulary's tokens (GPT-2's alphabet: printable Latin-1 bytes stand
+// for themselves, the others are shifted to U+0100 on), control tokens empty: what the Python
+// tokenizer hands the schema constraint.
+static std::vector<std::string> bpe_token_bytes(const evn::GGUFFile& f) {
+    int table[512];
+    for (int& c : table) c = -1;
+    int shifted = 0;
+    for (int b = 0; b < 256; ++b) {
+        const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        table[printable ? b : 256 + shifted++] = b;
+    }
+    const evn::GValue* tokens = f.find("tokenizer.ggml.tokens");
+    const evn::GValue* types = f.find("tokenizer.ggml.token_type");
+    std::vector<std::string> out;
+    if (!tokens) return out;
+    for (size_t t = 0; t < tokens->strs.size(); ++t) {
+        int32_t type = 1;
+        if (types && (t + 1) * 4 <= types->raw.size()) std::memcpy(&type, types->raw.data() + t * 4, 4);
+        const std::string& text = tokens->strs[t];
+        std::string bytes;
+        for (size_t i = 0; i < text.size();) {  // UTF-8 code points of at most two bytes map to a byte
+            const unsigned char c = static_cast<unsigned char>(text[i]);
+            int cp = -1;
+            if (c < 0x80) cp = c, i += 1;
+            else if ((c & 0xE0) == 0xC0 && i + 1 < text.size()) cp = ((c & 0x1F) << 6) | (text[i + 1] & 0x3F), i += 2;
+            if (cp < 0 || cp >= 512 || table[cp] < 0) {
+                bytes = text;
+                break;
+            }
+            bytes.push_back(static_cast<char>(table[cp]));
+        }
+        out.push_back(type == 3 ? std::string() : bytes);
+    }
+    return out;
 }
 
 int main(int argc, char** argv) {
@@ -94,6 +131,40 @@ int main(int argc, char** argv) {
     std::printf("generate with choices: %zu tokens (%s), %ld heap allocations\n", r.tokens.size(),
                 r.stop_reason.c_str(), static_cast<long>(g_allocs));
     (g_allocs <= 2 && r.tokens == longest ? passed : failed)++;
+
+    // Constrained to a JSON schema: an object with a boolean, an enum, an integer and an array of
+    // strings (compiled as engine/constraints.py compiles it); stack, scratch state and candidate
+    // heap are sized at construction, so the whole answer allocates nothing per token.
+    auto vocab = std::make_shared<evn::TokenBytes>(bpe_token_bytes(*file));
+    std::vector<evn::SchemaNode> nodes(6);
+    nodes[0].kind = evn::SchemaNode::kObject;
+    nodes[0].children = {1, 2, 3, 4};
+    nodes[0].literals = {"\"ok\":", "\"colour\":", "\"count\":", "\"tags\":"};
+    nodes[0].required = {1, 1, 1, 1};
+    nodes[1].kind = evn::SchemaNode::kLiterals;
+    nodes[1].literals = {"true", "false"};
+    nodes[2].kind = evn::SchemaNode::kLiterals;
+    nodes[2].literals = {"\"red\"", "\"green\"", "\"blue\""};
+    nodes[3].kind = evn::SchemaNode::kNumber;
+    nodes[3].a = 12;
+    nodes[4].kind = evn::SchemaNode::kArray;
+    nodes[4].children = {5};
+    nodes[4].a = 1;
+    nodes[4].b = 8;
+    nodes[5].kind = evn::SchemaNode::kString;
+    nodes[5].a = 64;
+    evn::JsonSchemaConstraint schema(nodes, vocab);
+    model.reset();
+    g_allocs = 0;
+    g_counting = true;
+    model.generate(evn::PromptInput{prompt, 4}, steps, stops, 0.0, r, &schema);
+    g_counting = false;
+    const evn::JsonSchemaConstraint::Stats st = schema.stats();
+    std::printf("generate with a json schema: %zu tokens (%s), %ld heap allocations, %.1f candidates per token, "
+                "%lld fallbacks\n", r.tokens.size(), r.stop_reason.c_str(), static_cast<long>(g_allocs),
+                st.chosen ? static_cast<double>(st.examined) / static_cast<double>(st.chosen) : 0.0,
+                static_cast<long long>(st.fallbacks));
+    (g_allocs <= 2 && !r.tokens.empty() && (schema.complete() || r.stop_reason == "max_tokens") ? passed : failed)++;
     std::printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }
