@@ -85,14 +85,15 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
              prefix: PrefixState | None = None, features: np.ndarray | None = None,
              image_token_id: int | None = None, max_new_tokens: int = 64, deadline_ms: float | None = None,
              t0: float | None = None, stages_ms: Mapping[str, float] | None = None,
-             choices: Any = None) -> GenerationResult:
+             constraint: Any = None) -> GenerationResult:
     """Greedy generation after the prompt `ids`: restore the prefix state if ids extend it (else an
     empty sequence), prefill the rest with `features` rows at the positions of `image_token_id`,
     decode, detokenize.
 
     t0 (perf_counter seconds): when the request began, so that `total` and the deadline cover the
     stages done before (stages_ms: preprocess, vision, tokenize), which come first in timings_ms.
-    choices: an _engine.Choices (constraints.choice_constraint): the answer is one of them.
+    constraint: an _engine.Choices (constraints.choice_constraint: the answer is one of them) or an
+    _engine.JsonSchema (constraints.schema_constraint: the answer is JSON valid against the schema).
     """
     t0 = time.perf_counter() if t0 is None else t0
     ids = [int(t) for t in ids]
@@ -111,7 +112,7 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     budget = 0.0
     if deadline_ms is not None and deadline_ms > 0:  # the deadline covers the whole request
         budget = max(deadline_ms - (time.perf_counter() - t0) * 1e3, 1e-6)
-    r = native.generate(request, max_new_tokens, list(stop_ids), budget, choices)
+    r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint)
     t1 = time.perf_counter()
     text = tokenizer.decode(r["tokens"], skip_special=True)
     t2 = time.perf_counter()

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import _engine
 from .chat_template import render_chat
-from .constraints import choice_constraint
+from .constraints import choice_constraint, parse_schema, schema_constraint
 from .generation import PromptCache, generate
 from .image_input import image_family
 from .latency import PREPROCESS, VISION
@@ -70,7 +70,8 @@ class VisionLanguageModel:
         # (prefix ids, the rest) by (prompt, rows, cols): the template is rendered and tokenized
         # once per prompt (and tile grid), not once per frame.
         self._prompt_parts: PromptCache[tuple[tuple[int, ...], tuple[int, ...]]] = PromptCache()
-        self._constraints: PromptCache[Any] = PromptCache(16)  # Choices by the tuple of strings
+        # Choices by ("choices", the tuple of strings), JsonSchemas by ("schema", the schema's JSON text).
+        self._constraints: PromptCache[Any] = PromptCache(16)
         # The fixed prefix is everything before the image: it depends on the system prompt only,
         # because the image comes first in the user turn.
         self.prefix_text = self._render(DEFAULT_PROMPT).split(placeholder, 1)[0]
@@ -126,22 +127,38 @@ class VisionLanguageModel:
             return choice_constraint(self.text.tokenizer, int(self.text.config["n_vocab"]), choices)
 
         if isinstance(choices, (list, tuple)) and all(isinstance(c, str) for c in choices):
-            return self._constraints.get(tuple(choices), build)
+            return self._constraints.get(("choices", tuple(choices)), build)
         return build()
+
+    def _schema(self, schema: Mapping[str, Any] | str | bytes) -> Any:
+        """The native constraint of this JSON schema, built once per schema text (ValueError when bad)."""
+        _, text = parse_schema(schema)
+        return self._constraints.get(("schema", text), lambda: schema_constraint(self.text.tokenizer, text))
 
     def describe(self, rgb: np.ndarray, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 64,
                  deadline_ms: float | None = None, max_image_pixels: int | None = None,
-                 choices: Sequence[str] | None = None) -> GenerationResult:
+                 choices: Sequence[str] | None = None,
+                 schema: Mapping[str, Any] | str | bytes | None = None) -> GenerationResult:
         """Greedy description of one RGB uint8 image (H, W, 3).
 
         choices: the answer is exactly one of these strings (stop_reason "complete" or
         "stop_token" when it is; "deadline" / "cancelled" can still cut it short).
+        schema (a dict or its JSON text; not with choices): the answer is JSON valid against this
+        JSON schema (the subset of engine/constraints.py), also when max_new_tokens cuts it short
+        (the constraint leaves room to close it); only "deadline" / "cancelled" can leave it unfinished.
         A frame whose resized views exceed max_image_pixels, or whose prompt (image tokens included)
         and max_new_tokens exceed the context, is refused (ImageRefused, one line) before any
         resize or encoding."""
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         constraint = None
+        if choices is not None and schema is not None:
+            raise ValueError("give choices or schema, not both")
+        if schema is not None:
+            constraint = self._schema(schema)
+            if max_new_tokens < constraint.min_tokens:
+                raise ValueError(f"max_new_tokens {max_new_tokens} is fewer than the {constraint.min_tokens} tokens "
+                                 f"the schema's shortest answer may need")
         if choices is not None:
             constraint = self._choices(choices)
             if max_new_tokens < constraint.longest:
@@ -168,7 +185,7 @@ class VisionLanguageModel:
         result = generate(self.text.native, self.text.tokenizer, self.text.stop_ids, prefix_ids + rest_ids,
                           prefix=self.prefix, features=features, image_token_id=self.image_token_id,
                           max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages,
-                          choices=constraint)
+                          constraint=constraint)
         result.extra = {"n_image_tokens": plan.n_image_tokens, "tiles": plan.n_views, "grid": list(plan.grid)}
         return result
 
