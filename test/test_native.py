@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -98,6 +99,8 @@ def test_no_heap_allocation_per_decoded_token(text_model_path: Path) -> None:
     out = _run([str(alloc_check()), str(text_model_path), "100", "2"])
     assert "decode: 100 steps, 0 heap allocations" in out, out
     assert "generate with choices: 100 tokens (complete)" in out and "0 failed" in out, out
+    # The JSON-schema constraint: stack, scratch state and candidate heap sized at construction.
+    assert re.search(r"generate with a json schema: \d+ tokens \((complete|max_tokens)\), 0 heap allocations", out), out
 
 
 def _hostile_corpus(src: Path, dest: Path, n_mutations: int = 300) -> list[Path]:
