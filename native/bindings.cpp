@@ -248,7 +248,8 @@ PYBIND11_MODULE(_engine, m) {
     // nodes (kind, a, b, children, literals, required), node 0 the root (json_schema.h).
     using NodeTuple = std::tuple<int32_t, int64_t, int64_t, std::vector<int32_t>, std::vector<py::bytes>, std::vector<bool>>;
     py::class_<JsonSchemaConstraint, TokenConstraint, std::shared_ptr<JsonSchemaConstraint>>(m, "JsonSchema")
-        .def(py::init([](const std::vector<NodeTuple>& nodes, std::shared_ptr<const TokenBytes> vocab) {
+        .def(py::init([](const std::vector<NodeTuple>& nodes, std::shared_ptr<const TokenBytes> vocab,
+                         const std::vector<int32_t>& fallback) {
                  std::vector<SchemaNode> v(nodes.size());
                  for (size_t i = 0; i < nodes.size(); ++i) {
                      const auto& [kind, a, b, children, literals, required] = nodes[i];
@@ -259,9 +260,10 @@ PYBIND11_MODULE(_engine, m) {
                      for (const py::bytes& l : literals) v[i].literals.emplace_back(l);
                      v[i].required.assign(required.begin(), required.end());
                  }
-                 return std::make_shared<JsonSchemaConstraint>(v, std::move(vocab));
+                 return std::make_shared<JsonSchemaConstraint>(v, std::move(vocab), fallback);
              }),
-             py::arg("nodes"), py::arg("vocab"))
+             py::arg("nodes"), py::arg("vocab"), py::arg("fallback") = std::vector<int32_t>{})
+        .def_property_readonly("fallback_tokens", &JsonSchemaConstraint::fallback_tokens)
         .def_property_readonly("min_tokens", &JsonSchemaConstraint::min_answer_bytes,
                                "the fewest tokens that always suffice for an answer (bytes of the shortest one)")
         .def_property_readonly("min_completion", &JsonSchemaConstraint::min_completion_bytes)

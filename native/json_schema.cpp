@@ -69,9 +69,19 @@ TokenBytes::TokenBytes(const std::vector<std::string>& pieces) {
     }
 }
 
-JsonSchemaConstraint::JsonSchemaConstraint(const std::vector<SchemaNode>& nodes, std::shared_ptr<const TokenBytes> vocab)
+JsonSchemaConstraint::JsonSchemaConstraint(const std::vector<SchemaNode>& nodes, std::shared_ptr<const TokenBytes> vocab,
+                                           const std::vector<int32_t>& fallback)
     : vocab_(std::move(vocab)), heap_(kTopK) {
     if (!vocab_) throw std::invalid_argument("json schema: no token bytes");
+    if (static_cast<int64_t>(fallback.size()) > kMaxFallback)
+        throw std::invalid_argument("json schema: more than " + std::to_string(kMaxFallback) + " fallback tokens");
+    for (const int32_t t : fallback) {
+        if (t < 0 || t >= vocab_->size() || vocab_->length(t) == 0)
+            throw std::invalid_argument("json schema: fallback token " + std::to_string(t) + " is outside the vocabulary or has no bytes");
+        if (vocab_->length(t) > 1) fallback_.push_back(t);
+    }
+    std::sort(fallback_.begin(), fallback_.end());
+    fallback_.erase(std::unique(fallback_.begin(), fallback_.end()), fallback_.end());
     if (nodes.empty()) throw std::invalid_argument("json schema: no nodes");
     const int64_t n_nodes = static_cast<int64_t>(nodes.size());
     if (n_nodes > kMaxNodes) throw std::invalid_argument("json schema: more than " + std::to_string(kMaxNodes) + " nodes");
@@ -519,9 +529,10 @@ int32_t JsonSchemaConstraint::choose(const float* logits, int64_t n_vocab, const
     ++stats_.chosen;
     for (size_t i = 0; i < kept; ++i)
         if (accept(heap_[i].id, is_stop(heap_[i].id), room)) return heap_[i].id;
-    // None of them: the best allowed single-byte token or stop token. One always fits (the next byte
-    // of the shortest completion; the constructor checked each such byte has a token of its own),
-    // unless the budget was already too small at the start: then the budget is dropped.
+    // None of them: the best allowed token of the schema's texts, else the best allowed single-byte
+    // token or stop token. One of the latter always fits (the next byte of the shortest completion;
+    // the constructor checked each such byte has a token of its own), unless the budget was already
+    // too small at the start: then the budget is dropped.
     ++stats_.fallbacks;
     for (const int64_t limit : {room, kHuge}) {
         int32_t best = -1;
@@ -530,6 +541,9 @@ int32_t JsonSchemaConstraint::choose(const float* logits, int64_t n_vocab, const
             const float l = key_of(logits[t]);
             if ((best < 0 || better(l, t, best_logit, best)) && accept(t, stop, limit)) best = t, best_logit = l;
         };
+        for (const int32_t t : fallback_)
+            if (t < n && !is_stop(t)) consider(t, false);
+        if (best >= 0) return best;
         for (const int32_t t : vocab_->single_byte_tokens())
             if (t < n && !is_stop(t)) consider(t, false);
         for (const int32_t s : stop_ids)

@@ -64,7 +64,10 @@ class JsonSchemaConstraint final : public TokenConstraint {
 public:
     // std::invalid_argument (one line) for a malformed tree, a size beyond the limits below, or a
     // vocabulary without the single-byte tokens the answers may need (the fallback's guarantee).
-    JsonSchemaConstraint(const std::vector<SchemaNode>& nodes, std::shared_ptr<const TokenBytes> vocab);
+    // fallback: tokens the fallback tries before the single-byte ones (the schema's keys and enum
+    // texts as the tokenizer splits them), so forced text is written in words, not byte by byte.
+    JsonSchemaConstraint(const std::vector<SchemaNode>& nodes, std::shared_ptr<const TokenBytes> vocab,
+                         const std::vector<int32_t>& fallback = {});
 
     // max_tokens: how many tokens the answer may take (<= 0: no bound). Each chosen token leaves
     // enough tokens to close every open value with single-byte tokens, so an answer cut by the
@@ -91,10 +94,13 @@ public:
         int64_t chosen = 0, examined = 0, fallbacks = 0;
     };
     Stats stats() const { return stats_; }
+    const std::vector<int32_t>& fallback_tokens() const { return fallback_; }
 
     // choose() examines at most kTopK candidates in logit order, then falls back to the best allowed
-    // single-byte token (or stop token): at most kTopK + 256 + stop tokens feeds per token.
+    // token of the schema's texts, else the best allowed single-byte token or stop token: at most
+    // kTopK + 2 x (fallback + single-byte + stop tokens) feeds per token.
     static constexpr int kTopK = 64;
+    static constexpr int64_t kMaxFallback = 4096;  // tokens beside the single-byte ones
     static constexpr int kMaxDepth = 16;
     static constexpr int64_t kMaxNodes = 4096, kMaxLiterals = 4096, kMaxLiteralBytes = 4096;
     static constexpr int64_t kMaxItems = 4096, kMaxStringChars = 1 << 16, kMaxDigits = 18;
@@ -150,6 +156,7 @@ private:
     mutable State scratch_;
     mutable std::vector<Candidate> heap_;
     mutable Stats stats_;
+    std::vector<int32_t> fallback_;  // the given tokens of more than one byte, ascending, once each
 };
 
 }  // namespace evn

@@ -270,12 +270,15 @@ def _decodes(b: bytes) -> bool:
 
 class RefChooser:
     """The native choose() rule over the reference: the TOP_K best candidates (tokens with bytes, and
-    stop tokens; logit descending, lower id first), the first that fits; else the best single-byte
-    token or stop token that fits; else the same without the budget."""
+    stop tokens; logit descending, lower id first), the first that fits; else the best token of the
+    schema's texts that fits; else the best single-byte token or stop token that fits; else the same
+    without the budget."""
 
-    def __init__(self, ref: Reference, pieces: list[bytes], stops: list[int]) -> None:
+    def __init__(self, ref: Reference, pieces: list[bytes], stops: list[int], extra: list[int]) -> None:
         self.ref, self.pieces, self.stops = ref, pieces, stops
         self.with_bytes = np.asarray([t for t, p in enumerate(pieces) if p and t not in stops], dtype=np.int64)
+        # The fallback's tokens: first the schema texts' own (fallback_tokens), then the single-byte ones.
+        self.extra = sorted({t for t in extra if len(pieces[t]) > 1} - set(stops))
         self.singles = [t for t, p in enumerate(pieces) if len(p) == 1 and t not in stops]
 
     def fits(self, text: bytes, t: int, room: int | None) -> bool:
@@ -298,9 +301,10 @@ class RefChooser:
             if self.fits(text, int(t), room):
                 return int(t), False
         for limit in (room, None):
-            pool = [t for t in self.singles + self.stops if self.fits(text, t, limit)]
-            if pool:
-                return min(pool, key=lambda t: (-logits[t], t)), True
+            for tier in (self.extra, self.singles + self.stops):
+                pool = [t for t in tier if self.fits(text, t, limit)]
+                if pool:
+                    return min(pool, key=lambda t: (-logits[t], t)), True
         return -1, True
 
     def complete(self, text: bytes) -> bool:
@@ -329,7 +333,9 @@ def _random_run(tok: Tokenizer, pieces: list[bytes], stops: list[int], schema: A
     native = C.schema_constraint(tok, compiled)
     utf8 = all(any(len(p) == 1 and p[0] == b for p in pieces) for b in range(0x80, 0xC0))
     assert native.utf8_strings == utf8
-    ref = RefChooser(Reference(compiled, utf8), pieces, stops)
+    extra = C.fallback_tokens(tok, compiled)
+    ref = RefChooser(Reference(compiled, utf8), pieces, stops, extra)
+    assert native.fallback_tokens == [t for t in extra if len(pieces[t]) > 1]
     rng = np.random.default_rng(seed)
     # A pool of JSON-looking tokens gets a boost, so the top candidates are often allowed.
     jsonish = set(b'{}[]",:-.0123456789abcdefghijklmnopqrstuvwxyz truefalse')
@@ -409,6 +415,10 @@ def test_native_refuses_bad_trees_and_survives_bad_logits() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             _engine.JsonSchema(nodes, vocab)
+    with pytest.raises(ValueError, match="fallback token -1 is outside"):
+        _engine.JsonSchema([num], vocab, [-1])
+    with pytest.raises(ValueError, match="more than 4096 fallback tokens"):
+        _engine.JsonSchema([num], vocab, list(range(5000)))
     with pytest.raises(ValueError, match="single byte 0x20"):
         _engine.JsonSchema([num], _engine.TokenBytes([b"ab", b"0", b"1"]))
     c = C.schema_constraint(tok, SCENE)
@@ -531,7 +541,7 @@ def _reference_tokens(vlm: Any, rgb: np.ndarray, prompt: str, schema: Any, max_n
     stops = sorted(vlm.text.stop_ids)
     compiled = C.compile_schema(schema)
     utf8 = all(any(len(p) == 1 and p[0] == b for p in pieces) for b in range(0x80, 0xC0))
-    ref = RefChooser(Reference(compiled, utf8), pieces, stops)
+    ref = RefChooser(Reference(compiled, utf8), pieces, stops, C.fallback_tokens(tok, compiled))
     plan = vlm.images.plan(*rgb.shape[:2])
     pre, rest = vlm.prompt_ids(prompt, plan)
     ids = pre + rest

@@ -18,7 +18,7 @@ MAX_CHOICES = 256
 MAX_CHOICE_TOKENS = 64
 
 __all__ = ["MAX_CHOICES", "MAX_CHOICE_TOKENS", "CompiledSchema", "choice_constraint", "compile_schema",
-           "parse_schema", "schema_constraint", "token_bytes"]
+           "fallback_tokens", "parse_schema", "schema_constraint", "token_bytes"]
 
 
 def choice_constraint(tokenizer: Any, n_vocab: int, choices: Sequence[str]) -> Any:
@@ -279,7 +279,24 @@ def token_bytes(tokenizer: Tokenizer) -> Any:
     return table
 
 
+MAX_FALLBACK_TOKENS = 1024
+
+
+def fallback_tokens(tokenizer: Tokenizer, compiled: CompiledSchema) -> list[int]:
+    """Tokens of the schema's own texts (keys after '{' or ',', enum texts and true / false before ',',
+    '}' or ']'), as the tokenizer splits them: where the model's best candidates do not fit, the
+    native fallback picks among these and the single-byte tokens, so a key is written as words
+    rather than byte by byte. At most MAX_FALLBACK_TOKENS, lowest ids first."""
+    found: set[int] = set()
+    for kind, _, _, _, literals, _ in compiled.nodes:
+        for literal in literals:
+            text = literal.decode("utf-8")
+            for t in ((f"{{{text}", f",{text}") if kind == _OBJECT else (f"{text},", f"{text}}}", f"{text}]")):
+                found.update(tokenizer.encode(t, add_bos=False, add_eos=False))
+    return sorted(t for t in found if tokenizer.token_type(t) not in _NEVER_CHOSEN)[:MAX_FALLBACK_TOKENS]
+
+
 def schema_constraint(tokenizer: Tokenizer, schema: Mapping[str, Any] | str | bytes | CompiledSchema) -> Any:
     """An _engine.JsonSchema for this schema over the tokenizer's vocabulary (ValueError when bad)."""
     compiled = schema if isinstance(schema, CompiledSchema) else compile_schema(schema)
-    return _engine.JsonSchema(list(compiled.nodes), token_bytes(tokenizer))
+    return _engine.JsonSchema(list(compiled.nodes), token_bytes(tokenizer), fallback_tokens(tokenizer, compiled))

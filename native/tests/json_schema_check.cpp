@@ -94,7 +94,9 @@ int main(int argc, char** argv) {
     for (int s = 0; s < n_schemas; ++s) {
         std::vector<SchemaNode> nodes;
         random_node(nodes, 1);
-        JsonSchemaConstraint c(nodes, vocab);
+        std::vector<int32_t> fallback;  // multi-byte pieces the fallback tries first
+        for (int k = uniform(0, 20); k > 0; --k) fallback.push_back(uniform(256, static_cast<int>(vocab->size()) - 7));
+        JsonSchemaConstraint c(nodes, vocab, fallback);
         bool ok = true;
         for (int run = 0; run < 3 && ok; ++run) {
             const int64_t budget = run == 0 ? 0 : c.min_answer_bytes() + uniform(0, 20);
@@ -136,8 +138,10 @@ int main(int argc, char** argv) {
             for (int k = uniform(0, 3); k > 0; --k) n.literals.push_back(std::string(static_cast<size_t>(uniform(0, 3)), "\"a:"[uniform(0, 2)]));
             for (int k = uniform(0, 3); k > 0; --k) n.required.push_back(static_cast<uint8_t>(uniform(0, 1)));
         }
+        std::vector<int32_t> fallback;
+        for (int k = uniform(0, 2); k > 0; --k) fallback.push_back(uniform(-3, static_cast<int>(vocab->size()) + 3));
         try {
-            JsonSchemaConstraint c(nodes, vocab);
+            JsonSchemaConstraint c(nodes, vocab, fallback);
             c.start(uniform(0, 30));
             for (int i = 0; i < 30 && !c.complete(); ++i) {
                 for (float& l : logits) l = random_logit();
