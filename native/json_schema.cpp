@@ -423,7 +423,8 @@ int64_t JsonSchemaConstraint::frame_rest(const Frame& f) const {
         const size_t up = static_cast<size_t>(p);
         for (int32_t k = j; k <= nd.reach[static_cast<size_t>(f.n)]; ++k) {
             const std::string& l = nd.lit[static_cast<size_t>(k)];
-            if (p > 0 && std::memcmp(l.data(), nd.lit[static_cast<size_t>(j)].data(), up) != 0) continue;
+            // Consistent with the p bytes so far (a shorter key is not: keys are prefix-free).
+            if (l.size() <= up || (p > 0 && std::memcmp(l.data(), nd.lit[static_cast<size_t>(j)].data(), up) != 0)) continue;
             best = std::min(best, sat(static_cast<int64_t>(l.size()) - p + nodes_[static_cast<size_t>(nd.child[static_cast<size_t>(k)])].min_len +
                                       object_rest(nd, k + 1, true)));
         }

@@ -60,7 +60,10 @@ LISTS = {"type": "array", "items": {"type": "array", "items": {"type": "integer"
 SCHEMAS = {"scene": SCENE, "nested": NESTED, "short": SHORT}
 TOP_LEVEL = {"int": {"type": "integer"}, "num": {"type": "number"}, "lists": LISTS,
              "opt": {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "boolean"},
-                                                      "b": {"type": "string", "maxLength": 3}}}}
+                                                      "b": {"type": "string", "maxLength": 3}}},
+             # A long optional key before a shorter required one that shares its start.
+             "keys": {"type": "object", "properties": {"colour_name": {"type": "boolean"}, "col": {"type": "integer"}},
+                      "required": ["col"]}}
 
 
 # -- the reference -------------------------------------------------------------------------------

@@ -155,6 +155,26 @@ int main(int argc, char** argv) {
     }
     std::printf("malformed trees: %d of 3000 refused\n", refused);
     (refused > 0 ? passed : failed)++;
+    // A long key before a shorter one: the shortest completion inside the long key must not compare
+    // bytes past the short key's end (found by review: memcmp over the matched length).
+    {
+        std::vector<SchemaNode> nodes(3);
+        nodes[0].kind = SchemaNode::kObject;
+        nodes[0].children = {1, 2};
+        nodes[0].literals = {"\"" + std::string(40, 'a') + "\":", "\"" + std::string(20, 'b') + "\":"};
+        nodes[0].required = {0, 1};
+        nodes[1].kind = nodes[2].kind = SchemaNode::kNumber;
+        nodes[1].a = nodes[2].a = 2;
+        JsonSchemaConstraint c(nodes, vocab);
+        c.start(0);
+        bool ok = true;
+        for (int i = 0; i < 35; ++i) {
+            c.advance(i == 0 ? '{' : i == 1 ? '"' : 'a');
+            // In key 0 (43 bytes) after i bytes: its rest, a digit, ',', key 1 (23), a digit, '}'.
+            if (i >= 2) ok = ok && c.min_completion_bytes() == 43 - i + 1 + 1 + 23 + 1 + 1;
+        }
+        (ok ? passed : failed)++;
+    }
     // Hostile calls: a short logits array, a token outside the vocabulary.
     {
         std::vector<SchemaNode> nodes(1);
