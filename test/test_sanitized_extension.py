@@ -10,7 +10,8 @@ interpreter (ASan must be the first library loaded: Python is not built with it;
 - the real-model tests of test/test_text_model.py that reach native code (generation, prefix
   snapshots, bad ids, context overflow, broken files);
 - this file's own checks (below, run only in the child): which engine is loaded, a short text
-  generation with a prefix-cache file round trip, the tiny llama and mmproj fuzz seeds (idefics3
+  generation with a prefix-cache file round trip, generation constrained to choices and to a JSON
+  schema, the tiny llama and mmproj fuzz seeds (idefics3
   and minicpmv4_6) through both models, and every GGUF fuzz regression input.
 It must pass with no sanitizer report. Leak detection is off: CPython frees little at exit by design.
 """
@@ -119,6 +120,31 @@ def test_inner_text_generation_and_prefix_cache_file(text_model_path: Path, tmp_
     cached = model.generate_ids(ids, max_new_tokens=12, prefix=state)
     assert cached.cached_prefix_tokens == 6
     assert cached.token_ids == plain.token_ids
+
+
+@inner
+def test_inner_constrained_generation(text_model_path: Path) -> None:
+    """Choices and a JSON schema through the real decoder (native/constraint.*, native/json_schema.*)."""
+    import json
+
+    import edgevlm_ros
+    from edgevlm_ros.engine import constraints
+    from edgevlm_ros.engine.generation import generate
+
+    model = edgevlm_ros.load(text_model_path, threads=2)
+    tok, n_vocab = model.tokenizer, int(model.config["n_vocab"])
+    ids = model.encode_prompt("Describe a robot as JSON.")
+    schema = {"type": "object", "required": ["name", "legs", "tags"],
+              "properties": {"name": {"type": "string", "maxLength": 16}, "legs": {"type": "integer"},
+                             "ok": {"type": "boolean"},
+                             "tags": {"type": "array", "items": {"enum": ["fast", "slow"]}, "maxItems": 3}}}
+    c = constraints.schema_constraint(tok, schema)
+    for budget in (c.min_tokens, 48):
+        r = generate(model.native, tok, model.stop_ids, ids, max_new_tokens=budget, constraint=c)
+        answer = json.loads(r.text)
+        assert set(answer) >= {"name", "legs", "tags"}, r.text
+    choices = constraints.choice_constraint(tok, n_vocab, ["yes", "no"])
+    assert generate(model.native, tok, model.stop_ids, ids, max_new_tokens=4, constraint=choices).text in ("yes", "no")
 
 
 @inner
