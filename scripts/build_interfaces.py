@@ -7,8 +7,9 @@ own interface packages do: their files live in the venv prefix (`lib/`, `include
 LD_LIBRARY_PATH, so our type support libraries installed there load like theirs.
 
 Idempotent: a stamp in the venv holds the hash of the package's files (and of this script); with
-an unchanged hash and the install present, nothing is done. A rebuild removes the files the last
-install wrote that this one no longer does (a renamed or deleted interface).
+an unchanged hash and the install present, nothing is done. Otherwise it builds from a clean tree
+and removes the files the last install wrote that this one no longer does (a renamed or deleted
+interface).
 
 Workarounds for the wheels, all here and none in the package (a robot's `colcon build` needs none):
 - The `*__rosidl_generator_pyExport.cmake` files of the wheels' interface packages name the
@@ -126,9 +127,22 @@ def manifest() -> set[str]:
     return set(path.read_text().split("\n")) - {""} if path.is_file() else set()
 
 
+def cached_prefix() -> str | None:
+    """The install prefix the build tree was configured for (None without a build tree)."""
+    cache = BUILD / "CMakeCache.txt"
+    if not cache.is_file():
+        return None
+    found = re.search(r"^CMAKE_INSTALL_PREFIX:PATH=(.*)$", cache.read_text(), re.MULTILINE)
+    return found.group(1) if found else None
+
+
 def build() -> None:
-    BUILD.mkdir(parents=True, exist_ok=True)
-    previous = manifest()
+    """A clean build: rosidl leaves the generated files of a removed interface in its build tree
+    (and its line in the package's `srv/__init__.py`), and the install would copy them again."""
+    # A tree configured for another venv: its manifest lists that venv's files, none ours to remove.
+    previous = manifest() if cached_prefix() == str(PREFIX) else set()
+    shutil.rmtree(BUILD, ignore_errors=True)
+    BUILD.mkdir(parents=True)
     env = dict(os.environ)
     # What a robot's sourced ROS set-up provides: the underlay (here the venv) in the ament index.
     env["AMENT_PREFIX_PATH"] = os.pathsep.join(p for p in [str(PREFIX), env.get("AMENT_PREFIX_PATH", "")] if p)
@@ -141,6 +155,8 @@ def build() -> None:
     run(["nice", tool("ninja"), "-j", jobs, "install"], env, BUILD / "build.log")
     for stale in sorted(previous - manifest()):
         Path(stale).unlink(missing_ok=True)
+    for cache in python_package().rglob("__pycache__"):  # compiled from modules that may be gone
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def main() -> None:
