@@ -158,18 +158,13 @@ def test_interfaces_from_the_install(install: Install) -> None:
     """edgevlm_interfaces as the sourced install gives it: its Python package and the type support
     libraries rclpy and Fast DDS load (a service and an action server created), all from
     install/edgevlm_interfaces, not the venv's copy scripts/setup.sh installed."""
-    code = ("import rclpy; from rclpy.action import ActionServer; import edgevlm_interfaces.srv; "
-            "from edgevlm_interfaces.srv import Ask; from edgevlm_interfaces.action import Describe; "
-            "rclpy.init(); n = rclpy.create_node('install_probe'); n.create_service(Ask, 'ask', lambda q, r: r); "
-            "ActionServer(n, Describe, 'describe', lambda g: Describe.Result()); "
-            "print(edgevlm_interfaces.__file__); "
-            "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'edgevlm_interfaces' in l})))")
-    env = {**install.env, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "ROS_LOG_DIR": str(install.tmp / "ros_log")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=install.tmp, capture_output=True, text=True,
-                         timeout=60)
+    env = {**install.env, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "ROS_DOMAIN_ID": str(random_domain_id()),
+           "ROS_LOG_DIR": str(install.tmp / "ros_log_probe")}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "interfaces_probe.py")], env=env,
+                         cwd=install.tmp, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    module, *loaded = out.stdout.split()
-    prefix = install.prefix.parent / INTERFACES
+    module, _feedback, *loaded = out.stdout.splitlines()
+    prefix = (install.prefix.parent / INTERFACES).resolve()  # /proc/self/maps names real paths
     assert Path(module) == prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" \
         / "site-packages" / INTERFACES / "__init__.py"
     libraries = {Path(p).name for p in loaded if Path(p).parent == prefix / "lib"}

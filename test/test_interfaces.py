@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from interfaces_peer import CANCEL_QUESTION, RESPONSE, WORDS
 from ros_helpers import ROOT, Child, RosPeer, random_domain_id, ros_env
 
 PEER = Path(__file__).resolve().parent / "interfaces_peer.py"
+PROBE = Path(__file__).resolve().parent / "interfaces_probe.py"
 TIMEOUT = 20.0  # discovery takes 0-3 s here; a loaded 2-core machine can take longer
 
 # Every request field set to a value that is not its default, including the string array and
@@ -78,18 +80,20 @@ def _server(kind: str, domain: int, tmp_path: Path, *args: str) -> Child:
 
 def test_the_package_imports_from_the_venv_python_alone() -> None:
     """No PYTHONPATH, no AMENT_PREFIX_PATH, no LD_LIBRARY_PATH: as scripts/setup.sh leaves the venv."""
-    code = ("import edgevlm_interfaces.srv, rclpy; from edgevlm_interfaces.action import Describe; "
-            "from edgevlm_interfaces.srv import Ask; rclpy.init(); n = rclpy.create_node('probe'); "
-            "n.create_service(Ask, 'ask', lambda q, r: r); n.create_client(Ask, 'ask'); "
-            "print(edgevlm_interfaces.__file__); print(Describe.Feedback(partial='x', tokens=1))")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd="/", capture_output=True, text=True,
-                         timeout=60)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
+           "ROS_DOMAIN_ID": str(random_domain_id())}
+    out = subprocess.run([sys.executable, str(PROBE)], env=env, cwd="/", capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    module, feedback = out.stdout.split("\n")[:2]
-    assert Path(module).is_relative_to(Path(sys.prefix)), module  # the venv's copy,
+    module, feedback, *loaded = out.stdout.splitlines()
+    venv = Path(sys.prefix)
+    assert Path(module) == Path(sysconfig.get_paths()["purelib"]) / "edgevlm_interfaces" / "__init__.py"
     assert not Path(module).is_relative_to(ROOT / "edgevlm_interfaces"), module  # not the source folder
     assert feedback == "edgevlm_interfaces.action.Describe_Feedback(partial='x', tokens=1)"
+    # The type support libraries as the ros-* wheels' own: from <venv>/lib, found through the
+    # LD_LIBRARY_PATH their ros_wheels_bootstrapper.pth sets.
+    libraries = {Path(p).name for p in loaded if Path(p).parent == (venv / "lib").resolve()}  # maps: real paths
+    assert {"libedgevlm_interfaces__rosidl_generator_py.so", "libedgevlm_interfaces__rosidl_typesupport_c.so",
+            "libedgevlm_interfaces__rosidl_typesupport_fastrtps_c.so"} <= libraries, loaded
 
 
 def test_ask_round_trips_every_field(domain: int, peer: RosPeer, tmp_path: Path) -> None:
