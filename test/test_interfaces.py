@@ -78,10 +78,10 @@ def _server(kind: str, domain: int, tmp_path: Path, *args: str) -> Child:
     return child
 
 
-def test_the_package_imports_from_the_venv_python_alone() -> None:
+def test_the_package_imports_from_the_venv_python_alone(tmp_path: Path) -> None:
     """No PYTHONPATH, no AMENT_PREFIX_PATH, no LD_LIBRARY_PATH: as scripts/setup.sh leaves the venv."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
-           "ROS_DOMAIN_ID": str(random_domain_id())}
+           "ROS_DOMAIN_ID": str(random_domain_id()), "ROS_LOG_DIR": str(tmp_path / "ros_log")}
     out = subprocess.run([sys.executable, str(PROBE)], env=env, cwd="/", capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     module, feedback, *loaded = out.stdout.splitlines()
