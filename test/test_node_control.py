@@ -394,3 +394,75 @@ def test_lifecycle_node_through_every_transition(vlm_pair: tuple[Path, Path], tm
             assert child.wait(30) == 0, child.tail()
     finally:
         peer.close()
+
+
+# -- soak -------------------------------------------------------------------------------------
+SOAK_SECONDS = float(os.environ.get("EDGEVLM_CONTROL_SOAK_S", "30"))
+
+
+def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Three cameras at 10 Hz each and one question a second for SOAK_SECONDS: RSS, descriptors and
+    threads stay flat (test_soak's bounds, after a fifth of the run as warm-up), every camera's
+    counters add up with nothing in flight at the end, and every question is answered."""
+    from edgevlm_interfaces.srv import Ask
+    from test_soak import RSS_SLOPE_BOUND_MIB, TRANSIENT_FDS, TRANSIENT_THREADS, Sampler, proc_sample
+
+    cams = ["a", "b", "c"]
+    with control_node(tmp_path, vlm_pair, {"cameras": cams, "max_new_tokens": 4}) as node:
+        picture = np.ascontiguousarray(np.resize(exact_picture(), (120, 160, 3)))
+        r = None
+        for _ in range(50):  # warm: a frame of each camera there, one answer
+            for c in cams:
+                node.publish(c, picture)
+            r = _ask(node.peer, node.ask, "a", "What is it?", frame_timeout_s=0.5)
+            if r.success:
+                break
+        assert r is not None and r.success, r.message
+        rss0, fds0, threads0 = proc_sample(node.child.pid)
+        answers: list[Any] = []
+        futures: list[Any] = []
+        n_frames = 0
+        t0 = time.monotonic()
+        with Sampler(node.child.pid) as sampler:
+            i = 0
+            while time.monotonic() - t0 < SOAK_SECONDS:
+                delay = t0 + i / 10 - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                for c in cams:
+                    node.publish(c, picture)
+                    n_frames += 1
+                if i % 10 == 0:
+                    futures.append(node.ask.call_async(Ask.Request(camera=cams[(i // 10) % 3], question="Red?",
+                                                                   choices=YES_NO)))
+                sampler.sent = n_frames
+                i += 1
+            deadline = time.monotonic() + 60
+            while not all(f.done() for f in futures) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(2.5)  # the last frames described, a heartbeat after them
+            heartbeat = diag_values(worker_status(node.diag.wait_for(
+                lambda a: worker_status(a) is not None and worker_status(a).hardware_id == node.fqn, 5.0,
+                start=len(node.diag))))
+        answers = [f.result() for f in futures]
+        rss1, fds1, threads1 = proc_sample(node.child.pid)
+        warm = len(sampler.samples) // 5
+        steady = sampler.samples[warm:]
+        sent_k = np.array([s[0] for s in steady], float) / 1000
+        slope, _ = np.polyfit(sent_k, np.array([s[1] for s in steady]), 1)
+        fds = [s[2] for s in steady]
+        threads = [s[3] for s in steady]
+        print(f"\ncontrol soak: {n_frames} frames on 3 cameras, {len(answers)} questions in {SOAK_SECONDS:g} s; RSS "
+              f"{rss0:.1f} -> {rss1:.1f} MiB, slope {slope:+.3f} MiB per 1000 frames; fds {fds0} -> {fds1}; threads "
+              f"{threads0} -> {threads1}; {heartbeat}")
+        assert all(a.success and a.answer in YES_NO for a in answers), [a.message for a in answers if not a.success]
+        assert int(heartbeat["questions_waiting"]) == 0
+        assert abs(slope) < RSS_SLOPE_BOUND_MIB, f"RSS slope {slope:+.3f} MiB per 1000 frames"
+        assert fds1 <= fds[0] and max(fds) <= fds[0] + TRANSIENT_FDS, (fds0, fds, fds1)
+        assert threads1 <= threads[0] and max(threads) <= threads[0] + TRANSIENT_THREADS, (threads0, threads, threads1)
+        for c in cams:
+            received = int(heartbeat[f"{c}.frames_received"])
+            parts = sum(int(heartbeat[f"{c}.frames_{k}"]) for k in ("described", "failed", "dropped"))
+            assert int(heartbeat[f"{c}.frames_in_flight"]) == 0 and received == parts, (c, heartbeat)
+            assert int(heartbeat[f"{c}.frames_failed"]) == 0 and int(heartbeat[f"{c}.frames_described"]) >= 5
+        assert node.child.proc.poll() is None and "Traceback" not in node.child.output()
