@@ -404,8 +404,9 @@ def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path],
     """Three cameras at 10 Hz each and one question a second for SOAK_SECONDS: RSS, descriptors and
     threads stay flat (test_soak's bounds, after a fifth of the run as warm-up), every camera's
     counters add up with nothing in flight at the end, and every question is answered."""
-    from edgevlm_interfaces.srv import Ask
     from test_soak import RSS_SLOPE_BOUND_MIB, TRANSIENT_FDS, TRANSIENT_THREADS, Sampler, proc_sample
+
+    from edgevlm_interfaces.srv import Ask
 
     cams = ["a", "b", "c"]
     with control_node(tmp_path, vlm_pair, {"cameras": cams, "max_new_tokens": 4}) as node:
