@@ -30,7 +30,14 @@ from pathlib import Path
 
 import pytest
 from ros_helpers import ROOT, Child, LaunchError, random_domain_id, ros_env, run_launch_file
-from test_defaults import assert_describes_the_scene, clean_env, description_over_ros, run_describe, write_png
+from test_defaults import (
+    ask_over_ros,
+    assert_describes_the_scene,
+    clean_env,
+    description_over_ros,
+    run_describe,
+    write_png,
+)
 
 from edgevlm_ros.demo.demo_model import DEMO_TEXT_MODEL
 from edgevlm_ros.engine.paths import DEFAULT_TEXT_MODEL
@@ -187,10 +194,13 @@ def test_describe_from_the_install(install: Install) -> None:
 
 
 def test_node_from_the_install(install: Install) -> None:
+    """The installed node describes the scene and answers Ask (its edgevlm_interfaces from the install)."""
     domain = random_domain_id()
     env = install.ros_env(domain, install.tmp / "ros_log_node")
     with Child([str(install.lib("edgevlm_node"))], env, "installed edgevlm_node") as child:
         assert_describes_the_scene(description_over_ros(child, domain, "/image"))
+        r = ask_over_ros(domain, "/ask", "Is there a circle in the image?", ["yes", "no"])
+        assert r.success and r.answer in ("yes", "no"), (r.message, child.tail())
 
 
 def test_launch_file_from_the_install(install: Install) -> None:
