@@ -62,6 +62,7 @@ setup(
         "console_scripts": [
             "edgevlm = edgevlm_ros.cli:main",
             "edgevlm_node = edgevlm_ros.ros.node:main",
+            "edgevlm_lifecycle_node = edgevlm_ros.ros.lifecycle_node:main",
         ],
     },
 )

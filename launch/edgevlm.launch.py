@@ -3,6 +3,9 @@
     ros2 launch edgevlm_ros edgevlm.launch.py image:=/camera/image_raw \
         model:=SmolVLM-256M-Instruct-Q8_0.gguf mmproj:=mmproj-SmolVLM-256M-Instruct-Q8_0.gguf
 
+`lifecycle:=true` starts the managed lifecycle node instead (`edgevlm_lifecycle_node`: it comes
+up unconfigured; `ros2 lifecycle set /edgevlm configure`, then `activate`).
+
 Parameters come from `params_file` (default: this package's config/edgevlm.yaml); the `model`,
 `mmproj`, `threads` and `transport` arguments override it only when given. `image` is the camera
 topic: the node's `image` is remapped to it, and `image/compressed` to `<image>/compressed`
@@ -29,6 +32,7 @@ ARGUMENTS = (
     ("threads", "", "engine threads; empty: the params file's value"),
     ("transport", "", "raw or compressed; empty: the params file's value"),
     ("log_level", "info", "log level: debug, info, warn, error"),
+    ("lifecycle", "false", "true: the managed lifecycle node (edgevlm_lifecycle_node), started unconfigured"),
 )
 
 
@@ -48,13 +52,16 @@ def _edgevlm_node(context: object) -> list[Node]:
         except ValueError:
             raise ValueError(f"launch argument threads:={arg('threads')} is not an integer") from None
     image = arg("image")
+    lifecycle = arg("lifecycle").lower()
+    if lifecycle not in ("true", "false"):
+        raise ValueError(f"launch argument lifecycle:={arg('lifecycle')} must be true or false")
     parameters: list[str | dict[str, str | int]] = [arg("params_file")]
     if overrides:
         parameters.append(overrides)
     return [
         Node(
             package="edgevlm_ros",
-            executable="edgevlm_node",
+            executable="edgevlm_lifecycle_node" if lifecycle == "true" else "edgevlm_node",
             name="edgevlm",
             namespace=arg("namespace"),
             parameters=parameters,

@@ -391,6 +391,14 @@ PYBIND11_MODULE(_engine, m) {
              py::call_guard<py::gil_scoped_release>(),
              "From any thread: generate() stops before its next token with stop_reason 'cancelled' "
              "(sticky until cancel(False)).")
+        .def("progress", [](const Decoder& mdl) {
+            std::vector<int32_t> t;
+            {
+                py::gil_scoped_release nogil;  // the lock may wait for generate() starting or ending
+                mdl.progress(t);
+            }
+            return t;
+        }, "From any thread while generate() runs: the tokens generated so far (empty between calls).")
         .def("snapshot", [](const Decoder& mdl) { return std::make_shared<KVSnapshot>(mdl.snapshot()); })
         .def("restore", [](Decoder& mdl, const KVSnapshot& s) { mdl.restore(s); });
 

@@ -88,10 +88,10 @@ def main() -> int:
             self.get_logger().warning(f"TEST HOOK {TEST_FAULT_ENV}={value} is set: frames with frame_id "
                                       f"'{frame_id}' will fail on purpose (never set it on a robot)")
 
-        def _describe(self, msg: Any) -> None:
+        def _describe(self, msg: Any, camera: str = "") -> None:
             if self._fault is not None:
                 self._fault.armed = msg.header.frame_id == self._fault_frame_id
-            super()._describe(msg)
+            super()._describe(msg, camera)
 
     node_module.EdgeVlmNode = FaultInjectingNode  # type: ignore[misc]  # what node_module.main() starts
     return node_module.main()

@@ -47,6 +47,7 @@ SHM_PROFILE = ROOT / "config" / "fastdds_shm.xml"
 MODEL_CACHE = Path(os.environ.get("EDGEVLM_TEST_MODEL_CACHE", "/tmp/edgevlm_test_models"))
 # How the stand-in runs `edgevlm_node` from the source tree (colcon would install a console script).
 NODE_COMMAND = [sys.executable, "-m", "edgevlm_ros.ros.node"]
+LIFECYCLE_NODE_COMMAND = [sys.executable, "-m", "edgevlm_ros.ros.lifecycle_node"]
 
 # The random VLM the node tests run: SmolVLM-256M's widths, two layers in each tower, and a 256 px
 # encoder tile (16 image tokens) instead of 512 px (64): the node tests describe ~50 frames, and a
@@ -87,16 +88,25 @@ def vlm_pair_fixture() -> Iterator[tuple[Path, Path]]:
     out.mkdir(parents=True, exist_ok=True)
     marker = out / "pair.json"
     # Concurrent test runs on one machine build it once: the second waits for the first.
-    with open(out / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        pair = json.loads(marker.read_text()) if marker.is_file() else []
-        if pair and all(Path(p).is_file() for p in pair):
-            text, mmproj = pair
-        else:
-            text, mmproj = _build_pair(out, hf_fixtures, convert_module)
-            marker.write_text(json.dumps([str(text), str(mmproj)]))
-        # Held shared for the whole session: another run's pruning leaves these files alone.
+    with open(out / ".lock", "a") as lock:
+        # Shared first: a pair another run built (and holds shared for its session) is used as it is;
+        # only a missing pair takes the lock exclusively to build it.
         fcntl.flock(lock, fcntl.LOCK_SH)
+
+        def built() -> list[str]:
+            pair = json.loads(marker.read_text()) if marker.is_file() else []
+            return pair if pair and all(Path(p).is_file() for p in pair) else []
+
+        pair = built()
+        if not pair:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            pair = built()
+            if not pair:
+                pair = [str(p) for p in _build_pair(out, hf_fixtures, convert_module)]
+                marker.write_text(json.dumps(pair))
+            # Held shared for the whole session: another run's pruning leaves these files alone.
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        text, mmproj = pair
         _prune_stale_pairs(keep=out)
         _HELD_PAIRS[out] = (Path(text), Path(mmproj))
         try:
@@ -552,9 +562,10 @@ def run_launch_file(launch_args: Mapping[str, str], tmp_dir: Path, launch_file: 
     undeclared launch argument, a value outside a declared choice, or a required one missing."""
 
     def default_resolve(package: str | None, executable: str) -> list[str]:
-        if (package, executable) != ("edgevlm_ros", "edgevlm_node"):
+        commands = {"edgevlm_node": NODE_COMMAND, "edgevlm_lifecycle_node": LIFECYCLE_NODE_COMMAND}
+        if package != "edgevlm_ros" or executable not in commands:
             raise LaunchError(f"executable '{executable}' of package '{package}' is unknown to the stand-in")
-        return list(NODE_COMMAND)
+        return list(commands[executable])
 
     resolve = resolve or default_resolve
     fakes = _fake_launch_modules()

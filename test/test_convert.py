@@ -189,9 +189,10 @@ def hf_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def converted(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+def converted(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, Path]]]:
     out = tmp_path_factory.mktemp("gguf")
-    return {t: convert(hf_dir, out, t, name=NAME) for t in TYPES}
+    yield {t: convert(hf_dir, out, t, name=NAME) for t in TYPES}
+    shutil.rmtree(out, ignore_errors=True)  # ~0.5 GB: not kept until the session ends
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import os
 import shutil
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def hf_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def ours(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def ours(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
     """Our file of each type, made once per module through the command line (`edgevlm convert`)."""
     out = tmp_path_factory.mktemp("qwen35-ours")
     made: dict[str, Path] = {}
@@ -56,7 +56,8 @@ def ours(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[st
             made[wtype] = out / f"ours-{wtype}.gguf"
         return made[wtype]
 
-    return get
+    yield get
+    shutil.rmtree(out, ignore_errors=True)  # 1.3 GB per type: not kept until the session ends
 
 
 def _tensors(path: Path) -> dict[str, tuple[dict[str, Any], np.ndarray]]:

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,6 +90,24 @@ def description_over_ros(child: Child, domain: int, image_topic: str, descriptio
                 if time.monotonic() > deadline or child.proc.poll() is not None:
                     tail = child.tail()
                     raise AssertionError(f"no description on {description_topic}; node output:\n{tail}") from None
+    finally:
+        peer.close()
+
+
+def ask_over_ros(domain: int, service: str, question: str, choices: list[str], timeout: float = 60.0) -> Any:
+    """Calls the node's Ask service (a node that has described a frame) and returns the response."""
+    from edgevlm_interfaces.srv import Ask
+
+    peer = RosPeer(domain)
+    try:
+        client = peer.node.create_client(Ask, service)
+        assert client.wait_for_service(timeout_sec=timeout), f"{service} is not available"
+        future = client.call_async(Ask.Request(question=question, choices=choices))
+        deadline = time.monotonic() + timeout
+        while not future.done():
+            assert time.monotonic() < deadline, f"{service} did not answer within {timeout} s"
+            time.sleep(0.01)
+        return future.result()
     finally:
         peer.close()
 

@@ -111,7 +111,8 @@ def test_runtime_changes() -> None:
     with pytest.raises(ParamError, match="'max_new_tokens' must be >= 1"):
         apply_changes(p, {"max_new_tokens": -1})
     runtime = {s.name for s in PARAMS if s.runtime}
-    assert runtime == {"prompt", "max_new_tokens", "period_s", "deadline_ms"}
+    assert runtime == {"prompt", "max_new_tokens", "period_s", "deadline_ms", "question_frame_timeout_s",
+                       "partial_every", "description_schema"}
     assert set(defaults()) == {s.name for s in PARAMS}
 
 

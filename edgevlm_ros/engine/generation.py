@@ -6,6 +6,7 @@ Prompt): no embeddings or logits travel to Python and back.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
              prefix: PrefixState | None = None, features: np.ndarray | None = None,
              image_token_id: int | None = None, max_new_tokens: int = 64, deadline_ms: float | None = None,
              t0: float | None = None, stages_ms: Mapping[str, float] | None = None,
-             constraint: Any = None) -> GenerationResult:
+             constraint: Any = None, on_partial: Callable[[str, int], None] | None = None,
+             partial_every: int = 0) -> GenerationResult:
     """Greedy generation after the prompt `ids`: restore the prefix state if ids extend it (else an
     empty sequence), prefill the rest with `features` rows at the positions of `image_token_id`,
     decode, detokenize.
@@ -94,6 +96,9 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     stages done before (stages_ms: preprocess, vision, tokenize), which come first in timings_ms.
     constraint: an _engine.Choices (constraints.choice_constraint: the answer is one of them) or an
     _engine.JsonSchema (constraints.schema_constraint: the answer is JSON valid against the schema).
+    on_partial(text so far, tokens so far): called from a helper thread every `partial_every` tokens
+    while decoding runs (streaming), and once more with the final text, so the last call always
+    carries exactly the result's text.
     """
     t0 = time.perf_counter() if t0 is None else t0
     ids = [int(t) for t in ids]
@@ -112,7 +117,11 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     budget = 0.0
     if deadline_ms is not None and deadline_ms > 0:  # the deadline covers the whole request
         budget = max(deadline_ms - (time.perf_counter() - t0) * 1e3, 1e-6)
-    r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint)
+    if on_partial is not None and partial_every > 0:
+        with _Streamer(native, tokenizer, on_partial, partial_every):
+            r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint)
+    else:
+        r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint)
     t1 = time.perf_counter()
     text = tokenizer.decode(r["tokens"], skip_special=True)
     t2 = time.perf_counter()
@@ -124,6 +133,40 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
         TOTAL: (t2 - t0) * 1e3,
     }
     # The first generated token comes from the prefill's logits: decode ran n_gen - 1 steps.
+    if on_partial is not None:
+        on_partial(text, len(r["tokens"]))
     steps = max(len(r["tokens"]) - 1, 0)
     tps = steps / (r["decode_ms"] / 1e3) if steps and r["decode_ms"] > 0 else 0.0
     return GenerationResult(text, list(r["tokens"]), ids, timings, r["stop_reason"], tps, cached)
+
+
+class _Streamer:
+    """While a generate() runs (GIL released), polls the decoder's progress and hands the text so
+    far to a callback each time `every` more tokens are out. The poll is cheap (a copy of a few
+    ids every STREAM_POLL_S) and the decoder pays one atomic store per token for it."""
+
+    STREAM_POLL_S = 0.01
+
+    def __init__(self, native: Any, tokenizer: Any, callback: Callable[[str, int], None], every: int) -> None:
+        self._native, self._tokenizer, self._callback, self._every = native, tokenizer, callback, every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgevlm-stream", daemon=True)
+
+    def __enter__(self) -> _Streamer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        sent = 0
+        while not self._done.wait(self.STREAM_POLL_S):
+            tokens = self._native.progress()
+            if len(tokens) >= sent + self._every:
+                sent = len(tokens)
+                try:
+                    self._callback(self._tokenizer.decode(tokens, skip_special=True), sent)
+                except Exception:  # a subscriber's failure must not end the generation
+                    pass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -138,7 +138,8 @@ class VisionLanguageModel:
     def describe(self, rgb: np.ndarray, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 64,
                  deadline_ms: float | None = None, max_image_pixels: int | None = None,
                  choices: Sequence[str] | None = None,
-                 schema: Mapping[str, Any] | str | bytes | None = None) -> GenerationResult:
+                 schema: Mapping[str, Any] | str | bytes | None = None,
+                 on_partial: Callable[[str, int], None] | None = None, partial_every: int = 0) -> GenerationResult:
         """Greedy description of one RGB uint8 image (H, W, 3).
 
         choices: the answer is exactly one of these strings (stop_reason "complete" or
@@ -146,6 +147,8 @@ class VisionLanguageModel:
         schema (a dict or its JSON text; not with choices): the answer is JSON valid against this
         JSON schema (the subset of engine/constraints.py), also when max_new_tokens cuts it short
         (the constraint leaves room to close it); only "deadline" / "cancelled" can leave it unfinished.
+        on_partial(text so far, tokens so far) every partial_every tokens while decoding, and with
+        the final text at the end (generation.generate).
         A frame whose resized views exceed max_image_pixels, or whose prompt (image tokens included)
         and max_new_tokens exceed the context, is refused (ImageRefused, one line) before any
         resize or encoding."""
@@ -185,7 +188,7 @@ class VisionLanguageModel:
         result = generate(self.text.native, self.text.tokenizer, self.text.stop_ids, prefix_ids + rest_ids,
                           prefix=self.prefix, features=features, image_token_id=self.image_token_id,
                           max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages,
-                          constraint=constraint)
+                          constraint=constraint, on_partial=on_partial, partial_every=partial_every)
         result.extra = {"n_image_tokens": plan.n_image_tokens, "tiles": plan.n_views, "grid": list(plan.grid)}
         return result
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,12 @@ def describe_message(msg: Any) -> str:
     return f"{msg.format or 'compressed'} ({len(msg.data)} bytes)"
 
 
-def describe_frame(vlm: Any, msg: Any, p: NodeParams) -> FrameResult:
-    """The description of one image message with the parameters p. Raises FrameFailure."""
+def describe_frame(vlm: Any, msg: Any, p: NodeParams, prompt: str | None = None, max_new_tokens: int | None = None,
+                   choices: Sequence[str] | None = None, schema: str | None = None,
+                   on_partial: Callable[[str, int], None] | None = None) -> FrameResult:
+    """The description of one image message with the parameters p (a question overrides the prompt,
+    the token budget and the constraint; on_partial streams the text so far every p.partial_every
+    tokens). Raises FrameFailure."""
     t0 = time.perf_counter()
     try:
         rgb = frames.to_rgb(msg, p.max_image_pixels)
@@ -59,8 +64,12 @@ def describe_frame(vlm: Any, msg: Any, p: NodeParams) -> FrameResult:
         raise FrameFailure(f"bad image message ({describe_message(msg)}): {exc}", in_engine=False) from None
     convert_ms = (time.perf_counter() - t0) * 1e3
     try:
-        result = vlm.describe(rgb, p.prompt, p.max_new_tokens, deadline_ms=p.deadline_ms,
-                              max_image_pixels=p.max_image_pixels)
+        constraint: dict[str, Any] = {"choices": choices} if choices else {}
+        if schema:
+            constraint["schema"] = schema
+        result = vlm.describe(rgb, prompt or p.prompt, max_new_tokens or p.max_new_tokens, deadline_ms=p.deadline_ms,
+                              max_image_pixels=p.max_image_pixels, on_partial=on_partial,
+                              partial_every=p.partial_every, **constraint)
     except ImageRefused as exc:  # refused before any encoding: the frame's size, not the engine
         raise FrameFailure(f"frame refused ({describe_message(msg)}): {exc}", in_engine=False) from None
     except Exception as exc:  # an engine failure is reported per frame, not fatal

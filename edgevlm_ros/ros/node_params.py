@@ -6,13 +6,15 @@ Both raise `ParamError`, whose message names the parameter, the value and the ru
 start is one line and a refused `ros2 param set` says why.
 
 Conventions, because ROS parameters have no "unset": an empty string means "the default"
-(model, mmproj, system_prompt, prefix_cache_dir) and 0 means "none" / "automatic" (threads,
-period_s, deadline_ms).
+(model, mmproj, system_prompt, prefix_cache_dir, description_schema) and 0 means "none" /
+"automatic" (threads, period_s, deadline_ms, partial_every); an empty `cameras` list means one
+camera on the node's own topics (`image`, `description`, ...), as before cameras had names.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,7 +29,7 @@ class ParamError(ValueError):
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
-    default: str | int | float
+    default: str | int | float | tuple[str, ...]
     description: str
     runtime: bool = False  # may change while the node runs (else read-only after start)
 
@@ -39,6 +41,9 @@ class ParamSpec:
 IMAGE_MODES = ("single", "tiled")
 TRANSPORTS = ("raw", "compressed")
 RELIABILITIES = ("best_effort", "reliable")
+MAX_CAMERAS = 16
+# A camera name is one ROS name token: it becomes the first part of the camera's topics.
+CAMERA_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 
 PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("model", "", "text model GGUF file (a path, or a name looked up in the model directories); "
@@ -65,6 +70,17 @@ PARAMS: tuple[ParamSpec, ...] = (
               "model, prompt and engine version match; empty: compute it at every start, keep no file"),
     ParamSpec("max_image_pixels", 1 << 24, "frames with more pixels than this (from the message header) are "
               "refused before any memory is allocated"),
+    ParamSpec("cameras", (), "camera names; camera C reads C/image (or C/image/compressed) and publishes "
+              "C/description, C/latency/*; the worker serves cameras with fresh frames round robin. "
+              "Empty: one camera on image, description, latency/*"),
+    ParamSpec("question_queue", 8, "most questions (Ask service, Describe action) waiting at once; "
+              "one more is refused at once"),
+    ParamSpec("question_frame_timeout_s", 2.0, "how long a question waits for its camera's first frame when "
+              "the request does not say", runtime=True),
+    ParamSpec("partial_every", 4, "publish the text so far on C/description/partial every this many tokens "
+              "while a frame is described; 0: never", runtime=True),
+    ParamSpec("description_schema", "", "JSON schema the periodic description must follow (published on "
+              "C/description/json as well as C/description); empty: free text", runtime=True),
 )
 _SPECS = {p.name: p for p in PARAMS}
 
@@ -87,28 +103,51 @@ class NodeParams:
     deadline_ms: float | None
     prefix_cache_dir: str | None
     max_image_pixels: int
+    cameras: tuple[str, ...] = ()
+    question_queue: int = 8
+    question_frame_timeout_s: float = 2.0
+    partial_every: int = 4
+    description_schema: str | None = None
 
     @property
     def image_topic(self) -> str:
-        """The relative topic the node subscribes to (image_transport's naming)."""
+        """The relative topic a camera's subscription reads, after its prefix (image_transport's naming)."""
         return "image/compressed" if self.transport == "compressed" else "image"
 
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        """The cameras served; "" is the unnamed camera on the node's own topics."""
+        return self.cameras or ("",)
 
-def defaults() -> dict[str, str | int | float]:
-    return {p.name: p.default for p in PARAMS}
+
+def camera_topic(camera: str, name: str) -> str:
+    """Camera `camera`'s relative topic `name` ("front/description"; "description" for "")."""
+    return f"{camera}/{name}" if camera else name
+
+
+def defaults() -> dict[str, str | int | float | list[str]]:
+    """Every parameter's default as ROS and YAML hold it (a string array as a list)."""
+    return {p.name: list(p.default) if isinstance(p.default, tuple) else p.default for p in PARAMS}
 
 
 def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def _typed(name: str, value: Any) -> str | int | float:
-    """value checked against the parameter's type; an integer is accepted for a double."""
+def _typed(name: str, value: Any) -> str | int | float | tuple[str, ...]:
+    """value checked against the parameter's type; an integer is accepted for a double, and for a
+    string array any list or tuple of strings (None: an empty YAML list, whose type ROS cannot tell)."""
     kind = _SPECS[name].kind
+    if kind is tuple:
+        if value is None:
+            return ()
+        if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) for x in value):
+            raise ParamError(f"parameter '{name}' must be a list of strings, got {_describe(value)}")
+        return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
-        wanted = {str: "a string", int: "an integer", float: "a number"}[kind]
+        wanted = {str: "a string", int: "an integer", float: "a number"}[kind]  # type: ignore[index]
         raise ParamError(f"parameter '{name}' must be {wanted}, got {_describe(value)}")
     return value
 
@@ -138,14 +177,27 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     if not prompt.strip():
         raise ParamError("parameter 'prompt' must not be empty")
     for name, low in (("max_new_tokens", 1), ("threads", 0), ("qos_depth", 1), ("max_image_pixels", 1),
-                      ("period_s", 0.0), ("deadline_ms", 0.0)):
+                      ("period_s", 0.0), ("deadline_ms", 0.0), ("question_queue", 1),
+                      ("question_frame_timeout_s", 0.0), ("partial_every", 0)):
         _at_least(name, v[name], low)  # type: ignore[arg-type]
     if int(v["threads"]) > 256:
         raise ParamError(f"parameter 'threads' must be <= 256, got {v['threads']}")
 
+    if int(v["question_queue"]) > 1024:
+        raise ParamError(f"parameter 'question_queue' must be <= 1024, got {v['question_queue']}")
+    cameras = _cameras(v["cameras"])  # type: ignore[arg-type]
+
     def optional(name: str) -> str | None:
         text = str(v[name])
         return text if text.strip() else None
+
+    schema = optional("description_schema")
+    if schema is not None:
+        from ..engine.constraints import check_schema  # the engine's own rules, one place
+        try:
+            check_schema(schema)
+        except ValueError as exc:
+            raise ParamError(f"parameter 'description_schema': {exc}") from None
 
     return NodeParams(
         model=optional("model"),
@@ -162,12 +214,30 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
         deadline_ms=float(v["deadline_ms"]) or None,
         prefix_cache_dir=optional("prefix_cache_dir"),
         max_image_pixels=int(v["max_image_pixels"]),
+        cameras=cameras,
+        question_queue=int(v["question_queue"]),
+        question_frame_timeout_s=float(v["question_frame_timeout_s"]),
+        partial_every=int(v["partial_every"]),
+        description_schema=schema,
     )
 
 
-def as_values(params: NodeParams) -> dict[str, str | int | float]:
+def _cameras(names: tuple[str, ...]) -> tuple[str, ...]:
+    if len(names) > MAX_CAMERAS:
+        raise ParamError(f"parameter 'cameras' lists {len(names)} cameras; at most {MAX_CAMERAS}")
+    for name in names:
+        if not CAMERA_NAME.fullmatch(name):
+            raise ParamError(f"parameter 'cameras': '{name}' is not a camera name (a letter, then letters, digits "
+                             "or _; it becomes the first part of the camera's topics)")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ParamError(f"parameter 'cameras' names '{dup}' twice")
+    return names
+
+
+def as_values(params: NodeParams) -> dict[str, str | int | float | tuple[str, ...]]:
     """The raw parameter values that validate() turns into params (None back to '' or 0)."""
-    out: dict[str, str | int | float] = {}
+    out: dict[str, str | int | float | tuple[str, ...]] = {}
     for spec in PARAMS:
         value = getattr(params, spec.name)
         out[spec.name] = spec.kind() if value is None else value

@@ -250,6 +250,23 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     // Never more tokens than the context can still hold: a huge budget must not become a huge
     // reservation (the loop stops with "context_full" first).
     out.tokens.reserve(static_cast<size_t>(std::clamp<int64_t>(max_new, 0, n_ctx_ - n_past_ + 1)));
+    // progress() readers see this buffer until the call ends (it never grows past the reservation).
+    struct Publish {
+        Decoder& d;
+        Publish(Decoder& dec, const int32_t* data) : d(dec) {
+            std::lock_guard<std::mutex> lock(d.progress_mu_);
+            d.progress_n_.store(0, std::memory_order_relaxed);
+            d.progress_data_ = data;
+        }
+        ~Publish() {
+            std::lock_guard<std::mutex> lock(d.progress_mu_);
+            d.progress_data_ = nullptr;
+            d.progress_n_.store(0, std::memory_order_relaxed);
+        }
+        Publish(const Publish&) = delete;
+        Publish& operator=(const Publish&) = delete;
+    } publish(*this, out.tokens.data());
+    const size_t capacity = out.tokens.capacity();
     out.n_prompt = p.n;
     out.stop_reason = "max_tokens";
     prefill(p, next_logits_.data(), false);
@@ -271,7 +288,12 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             out.stop_reason = "stop_token";
             break;
         }
+        if (out.tokens.size() == capacity) {  // cannot happen (the loop stops at context_full first)
+            out.stop_reason = "context_full";
+            break;
+        }
         out.tokens.push_back(next);
+        progress_n_.store(static_cast<int64_t>(out.tokens.size()), std::memory_order_release);
         if (constraint) {
             constraint->advance(next);
             if (constraint->complete()) {
@@ -295,6 +317,13 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         prefill(PromptInput{&next, 1}, next_logits_.data(), false);
     }
     out.decode_ms = ms_since(t1);
+}
+
+void Decoder::progress(std::vector<int32_t>& dst) const {
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    if (!progress_data_) return;
+    const int64_t n = progress_n_.load(std::memory_order_acquire);
+    dst.insert(dst.end(), progress_data_, progress_data_ + n);
 }
 
 KVSnapshot Decoder::snapshot() const {

@@ -7,6 +7,7 @@
 // the mapped GGUF, and decoding a token allocates nothing.
 #pragma once
 #include <atomic>
+#include <mutex>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -188,6 +189,12 @@ public:
     void cancel(bool on = true) { cancel_.store(on, std::memory_order_relaxed); }
     bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
 
+    // Thread-safe, from any thread while generate() runs: the tokens it has produced so far
+    // (appended to `dst`), for streaming partial text; nothing between two calls. The writer pays
+    // one atomic store per token (no lock, no allocation); readers lock only against the start and
+    // end of a call.
+    void progress(std::vector<int32_t>& dst) const;
+
     KVSnapshot snapshot() const;
     void restore(const KVSnapshot& s);  // std::invalid_argument when it does not fit this model
 
@@ -214,6 +221,11 @@ private:
     std::vector<float> next_logits_;           // generate()'s own: written by its prefill and decode steps, read by it
     int64_t n_past_ = 0;
     std::atomic<bool> cancel_{false};
+    // generate()'s output while it runs (progress()): its token buffer, reserved up front so that
+    // it never moves, and how many entries are written (release-stored after each).
+    mutable std::mutex progress_mu_;
+    const int32_t* progress_data_ = nullptr;  // guarded by progress_mu_
+    std::atomic<int64_t> progress_n_{0};
 };
 
 }  // namespace evn
