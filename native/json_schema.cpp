@@ -62,6 +62,7 @@ TokenBytes::TokenBytes(const std::vector<std::string>& pieces) {
         const std::string& p = pieces[t];
         data_.insert(data_.end(), p.begin(), p.end());
         offset_.push_back(static_cast<int64_t>(data_.size()));
+        has_bytes_.push_back(p.empty() ? 0 : 1);
         if (p.size() == 1) {
             single_.push_back(static_cast<int32_t>(t));
             has_single_[static_cast<uint8_t>(p[0])] = 1;
@@ -517,8 +518,28 @@ int32_t JsonSchemaConstraint::choose(const float* logits, int64_t n_vocab, const
             std::push_heap(heap_.begin(), heap_.end(), worse_first);
         }
     };
-    for (int64_t t = 0; t < n; ++t)
-        if (vocab_->length(static_cast<int32_t>(t)) > 0) offer(static_cast<int32_t>(t));
+    const uint8_t* live = vocab_->has_bytes();
+    int64_t t = 0;
+    for (; t < n && kept < heap_.size(); ++t)
+        if (live[t]) offer(static_cast<int32_t>(t));
+    // The heap is full: a later token enters only with a logit above the worst kept one (on a tie
+    // the kept one has the lower id; NaN compares false, as its rank -inf never beats anything).
+    // Blocks of 16 logits are skipped with one (vectorized) test; the heap changes rarely.
+    float worst = heap_[0].logit;
+    auto scan = [&](int64_t from, int64_t to) {
+        for (int64_t u = from; u < to; ++u)
+            if (logits[u] > worst && live[u]) {
+                offer(static_cast<int32_t>(u));
+                worst = heap_[0].logit;
+            }
+    };
+    constexpr int64_t kBlock = 16;
+    for (; t + kBlock <= n; t += kBlock) {
+        bool any = false;
+        for (int64_t k = 0; k < kBlock; ++k) any |= logits[t + k] > worst;
+        if (any) scan(t, t + kBlock);
+    }
+    scan(t, n);
     for (size_t i = 0; i < stop_ids.size(); ++i) {
         const int32_t s = stop_ids[i];
         // A stop token with bytes is already offered; a repeated one counts once.

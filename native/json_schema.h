@@ -29,6 +29,8 @@ public:
     int64_t length(int32_t t) const {
         return offset_[static_cast<size_t>(t) + 1] - offset_[static_cast<size_t>(t)];
     }
+    // 1 for a token with bytes, 0 without: the candidate scan reads this beside the logits.
+    const uint8_t* has_bytes() const { return has_bytes_.data(); }
     // Tokens that are exactly one byte, ascending ids (SentencePiece may have two for a byte).
     const std::vector<int32_t>& single_byte_tokens() const { return single_; }
     bool has_single(uint8_t b) const { return has_single_[b] != 0; }
@@ -39,6 +41,7 @@ public:
 private:
     std::vector<uint8_t> data_;
     std::vector<int64_t> offset_;  // token t: data_[offset_[t] .. offset_[t + 1])
+    std::vector<uint8_t> has_bytes_;
     std::vector<int32_t> single_;
     std::array<uint8_t, 256> has_single_{};
 };
