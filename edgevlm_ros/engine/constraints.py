@@ -263,6 +263,12 @@ def compile_schema(schema: Mapping[str, Any] | str | bytes) -> CompiledSchema:
     return CompiledSchema(tuple(n for n in compiler.nodes if n is not None), text)
 
 
+def check_schema(schema: Mapping[str, Any] | str | bytes) -> None:
+    """ValueError (one line) when `schema` is not one this engine can constrain to; no tokenizer
+    needed (the node checks its description_schema parameter with it before any engine is loaded)."""
+    compile_schema(schema)
+
+
 _TOKEN_BYTES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _NEVER_CHOSEN = frozenset({TokenType.CONTROL, TokenType.UNKNOWN, TokenType.UNUSED})
 

@@ -61,15 +61,19 @@ def question_from(node: Any, req: Any, on_partial: Callable[[str, int], None] | 
     vlm = node._vlm
     if vlm is None:
         raise BadRequest("the engine is not loaded")
-    try:
+    try:  # built (and cached) here: a bad list or schema is refused at once
         if choices is not None:
-            constraint = vlm._choices(choices)  # built (and cached) here: a bad list is refused at once
-            if max_tokens < constraint.longest:
-                max_tokens = int(constraint.longest)  # an answer among the choices always fits
-        if schema is not None:
-            vlm._schema(schema)
+            need, what = int(vlm._choices(choices).longest), "the longest choice's"
+        elif schema is not None:
+            need, what = int(vlm._schema(schema).min_tokens), "the schema's shortest answer's"
+        else:
+            need, what = 1, ""
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    if max_tokens < need:
+        if req.max_tokens:
+            raise BadRequest(f"max_tokens {max_tokens} is fewer than {what} {need} tokens")
+        max_tokens = need  # the node's default budget grows to what the constraint needs
     timeout = float(req.frame_timeout_s) if req.frame_timeout_s > 0 else node.params.question_frame_timeout_s
     return Question(camera=camera, text=text, max_tokens=max_tokens, choices=choices, schema=schema,
                     frame_timeout_s=min(timeout, 3600.0), on_partial=on_partial)
