@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .engine.argtypes import OneLineParser, non_negative_int, positive_int, run_command
@@ -43,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tiled mode: resize the longest edge to this first (default: the mmproj's)")
     desc.add_argument("--prefix-cache-dir", default=None, help="directory for the system prompt's KV cache file")
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    desc.add_argument("--choice", action="append", default=None, metavar="TEXT",
+                      help="the answer is exactly one of these (repeat it: --choice yes --choice no)")
+    desc.add_argument("--schema", default=None, metavar="JSON|@FILE",
+                      help="the answer is JSON valid against this JSON schema (its text, or @ and a file)")
 
     conv = sub.add_parser("convert", help="convert a Hugging Face SmolVLM / Idefics3 or Qwen3.5 checkpoint to GGUF")
     from .tools.convert_cli import add_convert_arguments
@@ -102,7 +107,11 @@ def _describe(args: argparse.Namespace) -> int:
     vlm = load_vlm(*resolve_pair(args.model, args.mmproj), threads=args.threads, image_mode=args.image_mode,
                    system_prompt=args.system, prefix_cache_dir=args.prefix_cache_dir, longest_edge=args.longest_edge)
     default_prompt = DEFAULT_PROMPT if args.model or args.mmproj else DEMO_PROMPT
-    result = vlm.describe(rgb, prompt=args.prompt or default_prompt, max_new_tokens=args.max_tokens)
+    schema = args.schema
+    if schema is not None and schema.startswith("@"):
+        schema = Path(schema[1:]).read_text(encoding="utf-8")
+    result = vlm.describe(rgb, prompt=args.prompt or default_prompt, max_new_tokens=args.max_tokens,
+                          choices=args.choice, schema=schema)
     if args.json:
         print(json.dumps(result.as_dict(), ensure_ascii=False))
     else:

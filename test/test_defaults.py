@@ -8,6 +8,7 @@ from a colcon install. Plus the lookup rules of paths.py / demo_model.py, and th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,6 +120,30 @@ def test_describe_without_model_arguments(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert_describes_the_scene(out.stdout.strip())
     assert (ROOT / "models" / "edgevlm-demo-text.gguf").is_file()  # written beside SmolLM2, in the checkout
+
+
+def test_describe_with_choices_and_a_schema_from_the_command_line(tmp_path: Path) -> None:
+    """`edgevlm describe --choice ... ` answers one of them; `--schema @file` answers valid JSON; an
+    unsupported schema is one line and exit 1 (as every refused input of describe)."""
+    import jsonschema
+
+    png = write_png(tmp_path / "photo.png")
+    env = checkout_env(tmp_path / "home")
+    out = run_describe([str(EDGEVLM), "describe", str(png), "--prompt", "Is there a circle?", "--choice", "yes",
+                        "--choice", "no"], env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("yes", "no")
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue", "yellow"]},
+                                               "count": {"type": "integer"}}, "required": ["colour", "count"]}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    out = run_describe([str(EDGEVLM), "describe", str(png), "--max-tokens", "80", "--schema",
+                        f"@{tmp_path / 'schema.json'}"], env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    jsonschema.validate(json.loads(out.stdout), schema)
+    out = run_describe([str(EDGEVLM), "describe", str(png), "--schema", '{"type": "string", "pattern": "x"}'], env,
+                       cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "keyword 'pattern' is not supported" in out.stderr
 
 
 def test_node_without_parameters(tmp_path: Path) -> None:
