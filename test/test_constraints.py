@@ -112,3 +112,27 @@ def test_native_trie_refuses_bad_sequences() -> None:
         _engine.Choices([[1, 10]], 10)
     trie = _engine.Choices([[1, 2, 3], [1, 2], [4]], 10)
     assert (trie.n_nodes, trie.longest) == (5, 3)
+
+
+def test_text_model_generate_takes_choices_and_schemas() -> None:
+    """TextModel.generate (SmolLM2, no image) with choices answers one of them, with a schema valid
+    JSON; the constraints are the same cached objects describe() uses (one place: TextModel.constraint)."""
+    import json
+
+    import jsonschema
+
+    from edgevlm_ros.engine.text_model import load
+
+    model = load(threads=2)
+    r = model.generate("Is the sky blue? Answer yes or no.", max_new_tokens=8, choices=["yes", "no"])
+    assert r.text in ("yes", "no") and r.stop_reason in ("complete", "stop_token")
+    schema = {"type": "object", "properties": {"answer": {"type": "boolean"}, "why": {"type": "string",
+                                                                                     "maxLength": 20}},
+              "required": ["answer"]}
+    r = model.generate("Is the sky blue? Reply in JSON.", max_new_tokens=64, schema=schema)
+    jsonschema.validate(json.loads(r.text), schema)
+    assert model.constraint(choices=["yes", "no"]) is model.constraint(choices=("yes", "no"))
+    with pytest.raises(ValueError, match="not both"):
+        model.generate("x", choices=["a"], schema=schema)
+    with pytest.raises(ValueError, match="fewer than the longest choice"):
+        model.generate("x", max_new_tokens=0, choices=["a b c d"])

@@ -583,7 +583,7 @@ def test_answers_parse_and_validate(vlm: Any, name: str) -> None:
         assert r.stop_reason in ("complete", "stop_token", "max_tokens"), r.stop_reason
         if i < N_REFERENCE_FRAMES:
             assert r.token_ids == _reference_tokens(vlm, rgb, PROMPTS[name], schema, MAX_NEW[name]), (i, r.text)
-        c = vlm._schema(schema)
+        c = vlm.text.constraint(schema=schema)
         stats.append(c.stats["examined"] / max(c.stats["chosen"], 1))
         if i < 3:
             print(f"{name} frame {i}: {r.text} ({r.stop_reason})")
@@ -598,7 +598,8 @@ def test_schema_api_refusals_and_cache(vlm: Any) -> None:
         vlm.describe(rgb, "x", max_new_tokens=8, schema=SHORT)
     with pytest.raises(ValueError, match="keyword 'pattern'"):
         vlm.describe(rgb, "x", schema={"type": "string", "pattern": "x"})
-    assert vlm._schema(SHORT) is vlm._schema(json.dumps(SHORT))  # compiled once per schema text
+    # compiled once per schema text
+    assert vlm.text.constraint(schema=SHORT) is vlm.text.constraint(schema=json.dumps(SHORT))
     # A budget just above the shortest answer still ends in valid JSON.
     r = vlm.describe(rgb, "Caption the image.", max_new_tokens=15, schema=SHORT)
     jsonschema.validate(json.loads(r.text), SHORT)

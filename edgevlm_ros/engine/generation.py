@@ -208,6 +208,8 @@ class _StreamPoller:
                 streams = list(self._streams)
             for stream in streams:
                 stream.poll()
+            # Hold no stream while idle: a stream keeps its decoder alive (a node's cleanup frees it).
+            del streams, stream
             time.sleep(self.STREAM_POLL_S)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 from .. import _engine
 from . import optable, prefix_cache
 from .chat_template import render_chat
+from .constraints import choice_constraint, parse_schema, schema_constraint
 from .generation import GenerationResult, PrefixState, PromptCache, generate
 from .latency import TOKENIZE
 from .paths import default_threads, resolve_model
@@ -47,6 +48,8 @@ class TextModel:
         self.stop_ids: list[int] = sorted(self.tokenizer.eot_ids)
         # Rendered and tokenized prompts, by (prompt, raw, system): a prompt that repeats is encoded once.
         self._encoded: PromptCache[tuple[int, ...]] = PromptCache()
+        # Constraints (constraint()): Choices by ("choices", the strings), JsonSchemas by ("schema", its text).
+        self._constraints: PromptCache[Any] = PromptCache(16)
 
     # -- prompts ---------------------------------------------------------------------------
     def chat_text(self, prompt: str, system: str | None = None) -> str:
@@ -124,21 +127,56 @@ class TextModel:
             status += f" (not saved: {exc.strerror})"
         return state, status
 
+    def constraint(self, choices: Sequence[str] | None = None, schema: Mapping[str, Any] | str | bytes | None = None,
+                   max_new_tokens: int | None = None) -> Any:
+        """The native constraint of `choices` (the answer is exactly one of these strings) or of a JSON
+        `schema` (engine/constraints.py's subset), built once per list or schema text; None for
+        neither. ValueError (one line) when bad, when both are given, or when max_new_tokens cannot
+        hold the longest choice or the schema's shortest answer."""
+        if choices is not None and schema is not None:
+            raise ValueError("give choices or schema, not both")
+        if schema is not None:
+            _, text = parse_schema(schema)
+            c = self._constraints.get(("schema", text), lambda: schema_constraint(self.tokenizer, text))
+            if max_new_tokens is not None and max_new_tokens < c.min_tokens:
+                raise ValueError(f"max_new_tokens {max_new_tokens} is fewer than the {c.min_tokens} tokens "
+                                 f"the schema's shortest answer may need")
+            return c
+        if choices is None:
+            return None
+
+        def build() -> Any:
+            return choice_constraint(self.tokenizer, int(self.config["n_vocab"]), choices)
+
+        if isinstance(choices, (list, tuple)) and all(isinstance(x, str) for x in choices):
+            c = self._constraints.get(("choices", tuple(choices)), build)
+        else:
+            c = build()
+        if max_new_tokens is not None and max_new_tokens < c.longest:
+            raise ValueError(f"max_new_tokens {max_new_tokens} is fewer than the longest choice's {c.longest} tokens")
+        return c
+
     def generate_ids(self, token_ids: Sequence[int], max_new_tokens: int = 64, prefix: PrefixState | None = None,
-                     deadline_ms: float | None = None) -> GenerationResult:
+                     deadline_ms: float | None = None, choices: Sequence[str] | None = None,
+                     schema: Mapping[str, Any] | str | bytes | None = None) -> GenerationResult:
         """Greedy generation after token_ids. With a prefix whose ids start token_ids, the cached
-        state is restored and only the rest is prefilled (generation.generate)."""
+        state is restored and only the rest is prefilled (generation.generate). choices / schema
+        constrain the answer (constraint())."""
+        constraint = self.constraint(choices, schema, max_new_tokens)
         return generate(self.native, self.tokenizer, self.stop_ids, token_ids, prefix=prefix,
-                        max_new_tokens=max_new_tokens, deadline_ms=deadline_ms)
+                        max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, constraint=constraint)
 
     def generate(self, prompt: str, max_new_tokens: int = 64, raw: bool = False, system: str | None = None,
-                 deadline_ms: float | None = None) -> GenerationResult:
-        """Greedy answer to `prompt` (the user turn of the chat template unless raw)."""
+                 deadline_ms: float | None = None, choices: Sequence[str] | None = None,
+                 schema: Mapping[str, Any] | str | bytes | None = None) -> GenerationResult:
+        """Greedy answer to `prompt` (the user turn of the chat template unless raw); choices /
+        schema constrain it (constraint())."""
         t0 = time.perf_counter()
+        constraint = self.constraint(choices, schema, max_new_tokens)
         ids = self.encode_prompt(prompt, raw=raw, system=system)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
         return generate(self.native, self.tokenizer, self.stop_ids, ids, max_new_tokens=max_new_tokens,
-                        deadline_ms=deadline_ms, t0=t0, stages_ms={TOKENIZE: tokenize_ms})
+                        deadline_ms=deadline_ms, t0=t0, stages_ms={TOKENIZE: tokenize_ms}, constraint=constraint)
 
 def load(model: str | os.PathLike[str] | None = None, threads: int | None = None, n_ctx: int = 2048) -> TextModel:
     """Loads a GGUF text model (the default SmolLM2-135M-Instruct when model is None)."""

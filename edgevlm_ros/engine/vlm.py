@@ -20,7 +20,6 @@ import numpy as np
 
 from .. import _engine
 from .chat_template import render_chat
-from .constraints import choice_constraint, parse_schema, schema_constraint
 from .generation import PromptCache, generate
 from .image_input import image_family
 from .latency import PREPROCESS, VISION
@@ -70,8 +69,6 @@ class VisionLanguageModel:
         # (prefix ids, the rest) by (prompt, rows, cols): the template is rendered and tokenized
         # once per prompt (and tile grid), not once per frame.
         self._prompt_parts: PromptCache[tuple[tuple[int, ...], tuple[int, ...]]] = PromptCache()
-        # Choices by ("choices", the tuple of strings), JsonSchemas by ("schema", the schema's JSON text).
-        self._constraints: PromptCache[Any] = PromptCache(16)
         # The fixed prefix is everything before the image: it depends on the system prompt only,
         # because the image comes first in the user turn.
         self.prefix_text = self._render(DEFAULT_PROMPT).split(placeholder, 1)[0]
@@ -121,20 +118,6 @@ class VisionLanguageModel:
         "cancelled"), and so does every later one. For shutdown; the vision encoder is not interrupted."""
         self.text.native.cancel()
 
-    def _choices(self, choices: Sequence[str]) -> Any:
-        """The native constraint of these strings, built once per list (ValueError when bad)."""
-        def build() -> Any:
-            return choice_constraint(self.text.tokenizer, int(self.text.config["n_vocab"]), choices)
-
-        if isinstance(choices, (list, tuple)) and all(isinstance(c, str) for c in choices):
-            return self._constraints.get(("choices", tuple(choices)), build)
-        return build()
-
-    def _schema(self, schema: Mapping[str, Any] | str | bytes) -> Any:
-        """The native constraint of this JSON schema, built once per schema text (ValueError when bad)."""
-        _, text = parse_schema(schema)
-        return self._constraints.get(("schema", text), lambda: schema_constraint(self.text.tokenizer, text))
-
     def describe(self, rgb: np.ndarray, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 64,
                  deadline_ms: float | None = None, max_image_pixels: int | None = None,
                  choices: Sequence[str] | None = None,
@@ -154,19 +137,7 @@ class VisionLanguageModel:
         resize or encoding."""
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
-        constraint = None
-        if choices is not None and schema is not None:
-            raise ValueError("give choices or schema, not both")
-        if schema is not None:
-            constraint = self._schema(schema)
-            if max_new_tokens < constraint.min_tokens:
-                raise ValueError(f"max_new_tokens {max_new_tokens} is fewer than the {constraint.min_tokens} tokens "
-                                 f"the schema's shortest answer may need")
-        if choices is not None:
-            constraint = self._choices(choices)
-            if max_new_tokens < constraint.longest:
-                raise ValueError(f"max_new_tokens {max_new_tokens} is fewer than the longest choice's "
-                                 f"{constraint.longest} tokens")
+        constraint = self.text.constraint(choices, schema, max_new_tokens)
         t0 = time.perf_counter()
         rgb = _check_rgb(rgb)
         height, width = rgb.shape[:2]

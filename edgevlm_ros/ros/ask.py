@@ -63,9 +63,9 @@ def question_from(node: Any, req: Any, on_partial: Callable[[str, int], None] | 
         raise BadRequest("the engine is not loaded")
     try:  # built (and cached) here: a bad list or schema is refused at once
         if choices is not None:
-            need, what = int(vlm._choices(choices).longest), "the longest choice's"
+            need, what = int(vlm.text.constraint(choices=choices).longest), "the longest choice's"
         elif schema is not None:
-            need, what = int(vlm._schema(schema).min_tokens), "the schema's shortest answer's"
+            need, what = int(vlm.text.constraint(schema=schema).min_tokens), "the schema's shortest answer's"
         else:
             need, what = 1, ""
     except ValueError as exc:

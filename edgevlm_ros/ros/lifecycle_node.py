@@ -73,7 +73,7 @@ class EdgeVlmLifecycleNode(VlmNodeCore, LifecycleNode):
 
 def main() -> int:
     from .node import main as node_main
-    return node_main(lifecycle=True)
+    return node_main(lifecycle_class=EdgeVlmLifecycleNode)
 
 
 if __name__ == "__main__":

@@ -220,11 +220,13 @@ class VlmNodeCore:
         )
 
     def unload_engine(self) -> None:
-        """Drops the engine (the model files are unmapped, its buffers freed)."""
+        """Drops the engine (the model files are unmapped, its buffers freed and handed back to the
+        system: malloc keeps freed heap memory for reuse unless asked)."""
         self._vlm = None
         self._model_files = []
         self._prefix_status = "not loaded"
         gc.collect()
+        _trim_malloc()
 
     def start(self) -> None:
         """Creates the publishers, subscriptions, service and action, and starts the worker."""
@@ -332,7 +334,7 @@ class VlmNodeCore:
         budget = None
         if p.description_schema is not None:  # the budget covers the schema's shortest answer
             try:
-                budget = max(p.max_new_tokens, int(self._vlm._schema(p.description_schema).min_tokens))
+                budget = max(p.max_new_tokens, int(self._vlm.text.constraint(schema=p.description_schema).min_tokens))
             except ValueError as exc:
                 self._frame_failed(msg, f"description_schema: {exc}", camera)
                 return
@@ -522,16 +524,28 @@ def _limit_malloc_arenas() -> None:
         pass
 
 
+def _trim_malloc() -> None:
+    """malloc_trim(0) on glibc: freed heap pages go back to the system (RSS drops after cleanup)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(ctypes.c_size_t(0))
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _error(message: str) -> None:
     first = message.strip().splitlines()[0] if message.strip() else "unknown error"
     print(f"edgevlm_node: error: {first}", file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None, lifecycle: bool = False) -> int:
+def main(argv: Sequence[str] | None = None, lifecycle_class: type | None = None) -> int:
     """`edgevlm_node [--ros-args ...]`. 0 after Ctrl-C / SIGTERM, 2 for bad parameters, 1 when the
-    engine cannot load; errors are one line on stderr. lifecycle: the managed node
-    (`edgevlm_lifecycle_node`), which starts unconfigured and loads, starts, stops and unloads on
-    the lifecycle_msgs transitions; it exits 0 after the shutdown transition."""
+    engine cannot load; errors are one line on stderr. lifecycle_class: the managed node
+    (`edgevlm_lifecycle_node` passes EdgeVlmLifecycleNode), which starts unconfigured and loads,
+    starts, stops and unloads on the lifecycle_msgs transitions; it exits 0 after shutdown."""
     args = list(sys.argv if argv is None else argv)
     _limit_malloc_arenas()
     try:
@@ -550,9 +564,8 @@ def main(argv: Sequence[str] | None = None, lifecycle: bool = False) -> int:
     code = 0
     worker_done = True
     try:
-        if lifecycle:
-            from .lifecycle_node import EdgeVlmLifecycleNode
-            node = EdgeVlmLifecycleNode()
+        if lifecycle_class is not None:
+            node = lifecycle_class()
             executor = executor_for(node.params)
             executor.add_node(node)
             while rclpy.ok() and not node.finalized:
