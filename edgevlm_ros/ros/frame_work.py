@@ -56,7 +56,7 @@ def describe_frame(vlm: Any, msg: Any, p: NodeParams, prompt: str | None = None,
                    on_partial: Callable[[str, int], None] | None = None) -> FrameResult:
     """The description of one image message with the parameters p (a question overrides the prompt,
     the token budget and the constraint; on_partial streams the text so far every p.partial_every
-    tokens). Raises FrameFailure."""
+    tokens, or every token when that is 0: the caller asked for a stream). Raises FrameFailure."""
     t0 = time.perf_counter()
     try:
         rgb = frames.to_rgb(msg, p.max_image_pixels)
@@ -69,7 +69,7 @@ def describe_frame(vlm: Any, msg: Any, p: NodeParams, prompt: str | None = None,
             constraint["schema"] = schema
         result = vlm.describe(rgb, prompt or p.prompt, max_new_tokens or p.max_new_tokens, deadline_ms=p.deadline_ms,
                               max_image_pixels=p.max_image_pixels, on_partial=on_partial,
-                              partial_every=p.partial_every, **constraint)
+                              partial_every=p.partial_every or 1, **constraint)
     except ImageRefused as exc:  # refused before any encoding: the frame's size, not the engine
         raise FrameFailure(f"frame refused ({describe_message(msg)}): {exc}", in_engine=False) from None
     except Exception as exc:  # an engine failure is reported per frame, not fatal

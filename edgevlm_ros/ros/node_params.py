@@ -77,8 +77,9 @@ PARAMS: tuple[ParamSpec, ...] = (
               "one more is refused at once"),
     ParamSpec("question_frame_timeout_s", 2.0, "how long a question waits for its camera's first frame when "
               "the request does not say", runtime=True),
-    ParamSpec("partial_every", 4, "publish the text so far on C/description/partial every this many tokens "
-              "while a frame is described; 0: never", runtime=True),
+    ParamSpec("partial_every", 0, "publish the text so far on C/description/partial every this many tokens "
+              "while a frame is described; 0: never (the describe action streams whatever this says)",
+              runtime=True),
     ParamSpec("description_schema", "", "JSON schema the periodic description must follow (published on "
               "C/description/json as well as C/description); empty: free text", runtime=True),
 )
@@ -106,7 +107,7 @@ class NodeParams:
     cameras: tuple[str, ...] = ()
     question_queue: int = 8
     question_frame_timeout_s: float = 2.0
-    partial_every: int = 4
+    partial_every: int = 0
     description_schema: str | None = None
 
     @property
