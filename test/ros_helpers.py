@@ -360,6 +360,23 @@ class RosPeer:
                 raise AssertionError(f"{publisher.topic_name}: no subscriber matched within {timeout} s")
             time.sleep(0.02)
 
+    @staticmethod
+    def wait_future(future: Any, timeout: float, what: str) -> Any:
+        """The result of an rclpy future the peer's executor completes, or AssertionError after timeout."""
+        deadline = time.monotonic() + timeout
+        while not future.done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} did not answer within {timeout} s")
+            time.sleep(0.005)
+        return future.result()
+
+    @staticmethod
+    def call(client: Any, request: Any, timeout: float = 120.0) -> Any:
+        """One service call: waits for the service (at most 30 s), then for the response."""
+        if not client.wait_for_service(timeout_sec=min(timeout, 30.0)):
+            raise AssertionError(f"{client.srv_name} is not available")
+        return RosPeer.wait_future(client.call_async(request), timeout, client.srv_name)
+
     def set_parameters(self, node_name: str, values: Mapping[str, Any], timeout: float = 10.0) -> list[Any]:
         """Calls <node>/set_parameters; the list of SetParametersResult, one per value."""
         from rcl_interfaces.srv import SetParameters
@@ -367,17 +384,9 @@ class RosPeer:
 
         client = self.node.create_client(SetParameters, f"{node_name}/set_parameters")
         try:
-            if not client.wait_for_service(timeout_sec=timeout):
-                raise AssertionError(f"{node_name}/set_parameters is not available")
             request = SetParameters.Request()
             request.parameters = [Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
-            future = client.call_async(request)
-            deadline = time.monotonic() + timeout
-            while not future.done():
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{node_name}/set_parameters did not answer within {timeout} s")
-                time.sleep(0.01)
-            return list(future.result().results)
+            return list(self.call(client, request, timeout).results)
         finally:
             self.node.destroy_client(client)
 

@@ -102,13 +102,7 @@ def ask_over_ros(domain: int, service: str, question: str, choices: list[str], t
     peer = RosPeer(domain)
     try:
         client = peer.node.create_client(Ask, service)
-        assert client.wait_for_service(timeout_sec=timeout), f"{service} is not available"
-        future = client.call_async(Ask.Request(question=question, choices=choices))
-        deadline = time.monotonic() + timeout
-        while not future.done():
-            assert time.monotonic() < deadline, f"{service} did not answer within {timeout} s"
-            time.sleep(0.01)
-        return future.result()
+        return RosPeer.call(client, Ask.Request(question=question, choices=choices), timeout)
     finally:
         peer.close()
 

@@ -42,25 +42,13 @@ CAMERA_SECONDS = 40.0 if FULL else 12.0
 YES_NO = ["yes", "no"]
 
 
-def _call(peer: RosPeer, client: Any, request: Any, timeout: float = 120.0) -> Any:
-    if not client.wait_for_service(timeout_sec=30.0):
-        raise AssertionError(f"{client.srv_name} is not available")
-    future = client.call_async(request)
-    deadline = time.monotonic() + timeout
-    while not future.done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{client.srv_name} did not answer within {timeout} s")
-        time.sleep(0.005)
-    return future.result()
-
-
 def _ask(peer: RosPeer, client: Any, camera: str, question: str, **fields: Any) -> Any:
     from edgevlm_interfaces.srv import Ask
 
     request = Ask.Request(camera=camera, question=question)
     for k, v in fields.items():
         setattr(request, k, v)
-    return _call(peer, client, request)
+    return RosPeer.call(client, request)
 
 
 def _picture(i: int) -> np.ndarray:
@@ -341,6 +329,38 @@ def test_descriptions_go_on_while_questions_arrive(vlm_pair: tuple[Path, Path], 
         assert "aa" not in kinds[first:last + 1], kinds  # never two answers without a description between
 
 
+# -- streaming --------------------------------------------------------------------------------
+def test_description_partial_streams_the_text_so_far_by_default(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """With the default parameters (partial_every 4), C/description/partial carries growing text while
+    a frame is described, at most one message per 4 tokens, and its last message is exactly the
+    description published on C/description."""
+    from std_msgs.msg import String
+
+    with control_node(tmp_path, vlm_pair, {"cameras": ["front"], "max_new_tokens": 24}) as node:
+        partial = node.peer.inbox(String, "/ctl/front/description/partial", qos=100)
+        final = node.peer.inbox(String, "/ctl/front/description", qos=100)
+        for sub_topic in (partial, final):
+            deadline = time.monotonic() + 30
+            while node.peer.node.count_publishers(sub_topic.topic) < 1:
+                assert time.monotonic() < deadline, f"{sub_topic.topic} not matched"
+                time.sleep(0.02)
+        time.sleep(0.5)
+        start = len(node.diag)
+        node.publish("front", exact_picture())
+        node.diag.wait_for(lambda a: (s := frame_status(a)) is not None and s.hardware_id == node.fqn, 120, start=start)
+        description = final.wait_for(lambda m: True, 10).data
+        deadline = time.monotonic() + 10
+        while not (partial.messages() and partial.messages()[-1].data == description) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        texts = [m.data for m in partial.messages()]
+        values = diag_values(node.frame_statuses("front", start)[0][1])
+        tokens = int(values["tokens"])
+        assert tokens >= 8, values  # enough tokens for partial text before the end
+        assert texts and texts[-1] == description, (texts, description)
+        assert 2 <= len(texts) <= tokens // 4 + 1, (len(texts), tokens)
+        assert all(len(a) <= len(b) for a, b in zip(texts, texts[1:], strict=False)), texts
+
+
 # -- the action -------------------------------------------------------------------------------
 def test_describe_action_streams_to_the_final_answer_and_cancels_within_a_token(
         vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
@@ -357,19 +377,14 @@ def test_describe_action_streams_to_the_final_answer_and_cancels_within_a_token(
         def run(goal: Any, cancel_after: int | None = None) -> tuple[Any, list[Any]]:
             feedback.clear()
             send = client.send_goal_async(goal, feedback_callback=lambda f: feedback.append(f.feedback))
+            handle = RosPeer.wait_future(send, 60, "send_goal")
             deadline = time.monotonic() + 60
-            while not send.done() and time.monotonic() < deadline:
-                time.sleep(0.005)
-            handle = send.result()
             assert handle.accepted
             if cancel_after is not None:
                 while len(feedback) < cancel_after and time.monotonic() < deadline:
                     time.sleep(0.001)
                 handle.cancel_goal_async()
-            result = handle.get_result_async()
-            while not result.done() and time.monotonic() < deadline:
-                time.sleep(0.005)
-            return result.result(), list(feedback)
+            return RosPeer.wait_future(handle.get_result_async(), 60, "get_result"), list(feedback)
 
         time.sleep(1.0)  # the frame is there
         res, fb = run(Describe.Goal(camera="front", question="Describe the image.", max_tokens=24))
@@ -411,11 +426,11 @@ def test_lifecycle_node_through_every_transition(vlm_pair: tuple[Path, Path], tm
         with launched_node(tmp_path, domain, args, {"cameras": ["front"]}, name="lc") as child:
             change = peer.node.create_client(ChangeState, "/lc/edgevlm/change_state")
             get = peer.node.create_client(GetState, "/lc/edgevlm/get_state")
-            assert _call(peer, get, GetState.Request()).current_state.label == "unconfigured"
+            assert RosPeer.call(get, GetState.Request()).current_state.label == "unconfigured"
             rss0 = child.rss_mb()
 
             def transition(t: int) -> None:
-                r = _call(peer, change, ChangeState.Request(transition=Transition(id=t)))
+                r = RosPeer.call(change, ChangeState.Request(transition=Transition(id=t)))
                 assert r.success, (t, child.tail())
 
             pub = peer.publisher(Image, "/lc/front/image", QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
@@ -431,7 +446,7 @@ def test_lifecycle_node_through_every_transition(vlm_pair: tuple[Path, Path], tm
                 r = _ask(peer, ask, "front", "Is it red?", choices=YES_NO)
                 assert r.success and r.answer in YES_NO
                 transition(Transition.TRANSITION_DEACTIVATE)
-                assert _call(peer, get, GetState.Request()).current_state.label == "inactive"
+                assert RosPeer.call(get, GetState.Request()).current_state.label == "inactive"
                 n = len(descriptions)
                 pub.publish(make_image(exact_picture(), "rgb8", peer.now().to_msg()))
                 time.sleep(1.5)
@@ -452,9 +467,9 @@ SOAK_SECONDS = float(os.environ.get("EDGEVLM_CONTROL_SOAK_S", "60"))  # 30 s end
 
 def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """Three cameras at 10 Hz each and one question a second for SOAK_SECONDS: RSS, descriptors and
-    threads stay flat (test_soak's bounds, after a fifth of the run as warm-up), every camera's
+    threads stay flat (test_soak's bounds and memory measure, after a fifth of the run as warm-up), every camera's
     counters add up with nothing in flight at the end, and every question is answered."""
-    from test_soak import RSS_SLOPE_BOUND_MIB, TRANSIENT_FDS, TRANSIENT_THREADS, Sampler, proc_sample
+    from test_soak import Sampler, Steady, proc_sample
 
     from edgevlm_interfaces.srv import Ask
 
@@ -497,20 +512,13 @@ def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path],
                 start=len(node.diag))))
         answers = [f.result() for f in futures]
         rss1, fds1, threads1 = proc_sample(node.child.pid)
-        warm = len(sampler.samples) // 5
-        steady = sampler.samples[warm:]
-        sent_k = np.array([s[0] for s in steady], float) / 1000
-        slope, _ = np.polyfit(sent_k, np.array([s[1] for s in steady]), 1)
-        fds = [s[2] for s in steady]
-        threads = [s[3] for s in steady]
-        print(f"\ncontrol soak: {n_frames} frames on 3 cameras, {len(answers)} questions in {SOAK_SECONDS:g} s; RSS "
-              f"{rss0:.1f} -> {rss1:.1f} MiB, slope {slope:+.3f} MiB per 1000 frames; fds {fds0} -> {fds1}; threads "
-              f"{threads0} -> {threads1}; {heartbeat}")
+        steady = Steady.of(sampler.samples[len(sampler.samples) // 5:])
+        print(f"\ncontrol soak: {n_frames} frames on 3 cameras, {len(answers)} questions in {SOAK_SECONDS:g} s; "
+              f"RssAnon+RssShmem {rss0:.1f} -> {rss1:.1f} MiB, slope {steady.slope:+.3f} MiB per 1000 frames; "
+              f"fds {fds0} -> {fds1}; threads {threads0} -> {threads1}; {heartbeat}")
         assert all(a.success and a.answer in YES_NO for a in answers), [a.message for a in answers if not a.success]
         assert int(heartbeat["questions_waiting"]) == 0
-        assert abs(slope) < RSS_SLOPE_BOUND_MIB, f"RSS slope {slope:+.3f} MiB per 1000 frames"
-        assert fds1 <= fds[0] and max(fds) <= fds[0] + TRANSIENT_FDS, (fds0, fds, fds1)
-        assert threads1 <= threads[0] and max(threads) <= threads[0] + TRANSIENT_THREADS, (threads0, threads, threads1)
+        steady.check(fds1, threads1)
         for c in cams:
             received = int(heartbeat[f"{c}.frames_received"])
             parts = sum(int(heartbeat[f"{c}.frames_{k}"]) for k in ("described", "failed", "dropped"))

@@ -77,7 +77,7 @@ PARAMS: tuple[ParamSpec, ...] = (
               "one more is refused at once"),
     ParamSpec("question_frame_timeout_s", 2.0, "how long a question waits for its camera's first frame when "
               "the request does not say", runtime=True),
-    ParamSpec("partial_every", 0, "publish the text so far on C/description/partial every this many tokens "
+    ParamSpec("partial_every", 4, "publish the text so far on C/description/partial every this many tokens "
               "while a frame is described; 0: never (the describe action streams whatever this says)",
               runtime=True),
     ParamSpec("description_schema", "", "JSON schema the periodic description must follow (published on "
@@ -107,7 +107,7 @@ class NodeParams:
     cameras: tuple[str, ...] = ()
     question_queue: int = 8
     question_frame_timeout_s: float = 2.0
-    partial_every: int = 0
+    partial_every: int = 4
     description_schema: str | None = None
 
     @property
