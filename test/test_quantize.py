@@ -51,20 +51,6 @@ def _types(path: Path) -> dict[str, str]:
     return {t["name"]: t["type"] for t in _engine.GGUFFile(str(path)).tensors()}
 
 
-def _has_quantizer(wtype: GGMLType) -> bool:
-    try:
-        _engine.quantize(wtype.name, np.zeros(256, np.float32))
-    except ValueError:
-        return False
-    return True
-
-
-K_QUANTS = all(_has_quantizer(t) for t in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q5_0,
-                                            GGMLType.Q5_1))
-needs_k_quants = pytest.mark.skipif(not K_QUANTS, reason="this build has no K-quant / Q5 quantizers yet "
-                                    "(kernels/formats): the K-quant mix files cannot be written")
-
-
 def _import_llama_cpp() -> Any:
     try:
         import llama_cpp
@@ -229,7 +215,6 @@ def test_qwen35_mix_matches_llama_cpp(qwen35_k_quant_file: Path, tmp_path: Path,
         assert {theirs[k] for k in theirs if k.endswith("attn_qkv.weight")} == {"Q6_K", mix.upper()[:2] + "_K"}
 
 
-@needs_k_quants
 @pytest.mark.parametrize("mix", ["q4_k_m", "q8_0"])
 def test_our_qwen35_files_are_the_plan_and_load_in_llama_cpp(qwen35_k_quant_file: Path, tmp_path: Path,
                                                              mix: str) -> None:
@@ -330,7 +315,6 @@ ALL_MIXES = os.environ.get("EDGEVLM_TEST_ALL_MIXES") == "1"
 MIN_TOP1 = {"q4_k_m": 0.90, "q5_k_m": 0.80}
 
 
-@needs_k_quants
 @pytest.mark.parametrize("mix", ["q4_k_m", pytest.param("q5_k_m", marks=pytest.mark.skipif(
     not ALL_MIXES, reason="EDGEVLM_TEST_ALL_MIXES=1 also writes and checks Q5_K_M (~35 s more)"))])
 def test_k_quant_mix_file_loads_and_generates(tmp_path: Path, engine: Any, mix: str) -> None:

@@ -12,12 +12,12 @@ can take is exercised: received and replaced in the slot, taken and described. T
   one message in fifty, of 1 KiB per frame received, or of ~10 KiB per frame described (about 450
   of the 2000 are here) crosses it. 1000 frames (40 s) were the default until 2026-12-02: the
   multi-threaded node's memory swings by ~1 MiB with the buffers of the frames in flight, which
-  moved a 32 s slope between -0.1 and +0.8; over 64 s it was +0.04 and +0.18. The file-backed part of VmRSS (the memory-mapped model) is
-  printed but not bounded: it cannot leak (it is at most the files' size), and it moves with the
-  page cache, not with the node: in a full test run the page cache holds ~15 GB of fixtures, the
-  kernel evicts and refaults model pages, and VmRSS sloped +1.1 to +3.4 MiB per 1000 frames
-  (2026-12-02) while reading 30 GB through the page cache during a run here made it -2.05; the
-  anonymous part stayed within +0.4 in both.
+  moved a 32 s slope between -0.1 and +0.8; over 64 s it was +0.04 to +0.48. The file-backed
+  part of VmRSS (the memory-mapped model) is printed but not bounded: it cannot leak (it is at
+  most the files' size), and it moves with the page cache, not with the node: in a full test run
+  the page cache holds ~15 GB of fixtures, the kernel evicts and refaults model pages, and VmRSS
+  sloped +1.1 to +3.4 MiB per 1000 frames (2026-12-02) while reading 30 GB through the page
+  cache during a run here made it -2.05; the anonymous part stayed within +0.4 in both.
 - File descriptors and threads: the same count at the end as after warm-up, and never more than
   a few above it in between.
 - Every frame accounted for: received = described + failed + dropped + in flight (0 at the
