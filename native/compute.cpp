@@ -140,12 +140,17 @@ int decode_chunks_from_env() {
     const int n = v ? std::atoi(v) : 1;
     return n < 1 ? 1 : n > 64 ? 64 : n;
 }
+size_t decode_chunk_bytes_from_env() {
+    const char* v = std::getenv("EDGEVLM_DECODE_CHUNK_KB");
+    const long kb = v ? std::atol(v) : 0;  // 0: no bound
+    return kb <= 0 ? 0 : static_cast<size_t>(std::clamp<long>(kb, 16, long{1} << 30)) << 10;
+}
 }  // namespace
 
 Compute::Compute(int n_threads, int64_t max_k)
     : pool_(n_threads), ops_(&evk::best_ops()), max_k_(max_k),
       scratch_(static_cast<size_t>(pool_.size()) * static_cast<size_t>(evk::kMatmulScratchRows * max_k)),
-      decode_chunks_(decode_chunks_from_env()) {}
+      decode_chunks_(decode_chunks_from_env()), decode_chunk_bytes_(decode_chunk_bytes_from_env()) {}
 
 void Compute::matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                      evk::Phase phase) {
@@ -195,9 +200,17 @@ void Compute::matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, in
         // multiples of the GEMM's panel (48 rows, 32 for AMX), or the whole weight when it has
         // fewer than two panels (attention's V^T, 64 rows): a 16-row call runs the GEMM's slowest
         // tile, and the token blocks give the threads work enough.
+        // EDGEVLM_DECODE_CHUNK_KB=N also bounds a decode chunk to N KiB of weight, claimed in turn: a
+        // thread that streams slower, or that the OS deschedules, then holds back only the chunk it is
+        // in, not half of a 178 MB output head. Off by default: 2, 8 and 32 MiB bounds on Gemma 3
+        // 270M's head were not faster than one chunk per thread under load (docs/kernels/decode-dispatch.md).
         if (phase == evk::kDecode) {
             p.rows_per_chunk = std::max<int64_t>(16, (w.rows + 16 * decode_chunks_ * pool_.size() - 1) /
                                                          (16 * decode_chunks_ * pool_.size()) * 16);
+            if (decode_chunk_bytes_ > 0) {
+                const int64_t by_bytes = static_cast<int64_t>(decode_chunk_bytes_ / std::max<size_t>(w.row_bytes, 1)) / 16 * 16;
+                p.rows_per_chunk = std::max<int64_t>(16, std::min(p.rows_per_chunk, by_bytes));
+            }
         } else {  // whole panels (128 would run 48 + 48 + a 32-row tile)
             const int64_t panel = std::max<int64_t>(16, c.panel_rows);
             p.rows_per_chunk = std::max<int64_t>(16, (w.rows / (8 * pool_.size()) + 15) / 16 * 16);

@@ -128,6 +128,7 @@ private:
     std::vector<float> scratch_;
     std::vector<uint8_t> xp_buf_;  // activations converted for a kernel with MatmulChoice::act
     int decode_chunks_;            // row chunks per thread in decode (EDGEVLM_DECODE_CHUNKS, default 1)
+    size_t decode_chunk_bytes_;    // and at most this many weight bytes each (EDGEVLM_DECODE_CHUNK_KB; 0, the default: no bound)
 };
 
 }  // namespace evn

@@ -41,6 +41,25 @@ def test_prefix_logits_are_bitwise_equal(engine: Any) -> None:
     np.testing.assert_array_equal(rest, whole)
 
 
+def test_decode_logits_do_not_depend_on_the_chunk_bound(engine: Any, text_model_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """EDGEVLM_DECODE_CHUNK_KB=16 cuts every decode product into chunks of at most 16 KB (the head
+    in ~900, each layer matrix in several): a row's result does not depend on its chunk."""
+    import edgevlm_ros
+
+    monkeypatch.setenv("EDGEVLM_DECODE_CHUNK_KB", "16")
+    fine = edgevlm_ros.load(text_model_path, threads=2)
+    ids = np.asarray(engine.encode_prompt("Name a primary colour."), dtype=np.int32)
+    out = []
+    for m in (engine, fine):
+        m.native.reset()
+        m.native.forward(ids[:-1])
+        out.append(m.native.forward(ids[-1:]))  # one token: the decode kernels
+    np.testing.assert_array_equal(out[1], out[0])
+    greedy = [m.generate_ids(list(ids), max_new_tokens=12).token_ids for m in (engine, fine)]
+    assert greedy[0] == greedy[1]
+
+
 def test_prefix_not_matching_prompt_is_not_used(engine: Any) -> None:
     prefix = engine.prefix(engine.tokenizer.encode("Completely different text"))
     ids = engine.encode_prompt("What is a robot?")
