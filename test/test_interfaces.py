@@ -128,11 +128,19 @@ def test_describe_streams_feedback_then_the_result(domain: int, peer: RosPeer, t
     with _server("describe", domain, tmp_path) as server:
         client = ActionClient(peer.node, Describe, "describe")
         assert client.wait_for_server(timeout_sec=TIMEOUT), "describe action not discovered"
+        # wait_for_server sees the server's goal service; its feedback and status writers are
+        # announced about when its response writer is, so this also waits out most of the discovery
+        # a goal's response needs (a full run on a loaded machine saw no answer in 20 s, 2026-12-02).
+        for topic in ("/describe/_action/feedback", "/describe/_action/status"):
+            _wait(lambda t=topic: peer.node.count_publishers(t) >= 1, TIMEOUT, f"{topic} not matched")
         feedback: list[tuple[str, int]] = []
         sent = client.send_goal_async(Describe.Goal(**REQUEST),
                                       feedback_callback=lambda m: feedback.append((m.feedback.partial,
                                                                                    m.feedback.tokens)))
-        _wait(sent.done, TIMEOUT, "goal not answered")
+        try:
+            _wait(sent.done, TIMEOUT, "goal not answered")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the server said: {server.tail()!r}") from None
         goal = sent.result()
         assert goal.accepted
         result_future = goal.get_result_async()
@@ -165,7 +173,10 @@ def test_a_cancel_reaches_the_server_and_ends_the_goal(domain: int, peer: RosPee
         feedback: list[int] = []
         sent = client.send_goal_async(Describe.Goal(question=CANCEL_QUESTION, camera="left"),
                                       feedback_callback=lambda m: feedback.append(m.feedback.tokens))
-        _wait(sent.done, TIMEOUT, "goal not answered")
+        try:
+            _wait(sent.done, TIMEOUT, "goal not answered")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the server said: {server.tail()!r}") from None
         goal = sent.result()
         assert goal.accepted
         _wait(lambda: len(feedback) >= 3, TIMEOUT, "3 feedback messages")
