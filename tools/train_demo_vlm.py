@@ -67,6 +67,7 @@ import platform
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,8 @@ from edgevlm_ros.demo.demo_model import (  # noqa: E402
     VOCAB_SIZE,
     ensure_demo_text_model,
 )
-from edgevlm_ros.demo.scenes import POSITIONS, Scene, generate_scene, score  # noqa: E402
+from edgevlm_ros.demo.eval_world import EVAL_SEED, EVAL_SETS, eval_scenes  # noqa: E402
+from edgevlm_ros.demo.scenes import POSITIONS, Scene, generate_scene, parse_caption, score  # noqa: E402
 from edgevlm_ros.engine.chat_template import render_chat  # noqa: E402
 from edgevlm_ros.engine.preprocess import IMAGE_TOKEN, PreprocessConfig, expand_image_prompt, preprocess  # noqa: E402
 from edgevlm_ros.engine.tokenizer import Tokenizer  # noqa: E402
@@ -108,11 +110,12 @@ GROUP_LAYERS = (1, 2)  # layers whose head 0 learns to gather each object's patc
 # The node's default request (config/edgevlm.yaml). Stage 2 trains on it alone: decoder time is scarce.
 PROMPTS = ("Describe the image in one sentence.",)
 EXTRA_EVAL_PROMPTS = ("Describe what you see.",)  # edgevlm_ros.engine.vlm.DEFAULT_PROMPT: reported, not trained
-# Frame sizes seen in training (width, height, probability): mostly the camera's 320x240 default,
-# some larger and other aspect ratios, so the stretch to a square tile is not one fixed factor
-# (no 640x480: drawing and resizing it costs ~5x more, and every size ends as a 128 px tile).
-FRAME_SIZES = ((320, 240, 0.65), (424, 240, 0.15), (256, 256, 0.1), (480, 360, 0.1))
-EVAL_SIZE = (320, 240)
+# Frame sizes seen in training (width, height, probability): 160x120 up to 1280x720, 4:3, 16:9, 1:1
+# and 16:10, so neither the stretch to a square tile nor the detail lost on the way is one fixed
+# amount. Weighted to the small sizes: drawing a 1280x720 frame costs ~12x a 320x240 one
+# (163 vs 14 ms here), and every size ends as a 128 px tile.
+FRAME_SIZES = ((160, 120, 0.15), (320, 240, 0.35), (424, 240, 0.1), (256, 256, 0.1), (384, 240, 0.05),
+               (640, 480, 0.1), (640, 360, 0.1), (1280, 720, 0.05))
 MAX_NEW_TOKENS = 48
 
 
@@ -156,7 +159,7 @@ def patch_labels(scene: Scene) -> tuple[np.ndarray, ...]:
     for k, o in enumerate(scene.objects):  # later objects cover earlier ones
         ids[_object_mask(o, scene.width, scene.height)] = k + 1
     fractions = np.stack([cv2.resize((ids == k + 1).astype(np.float32), (side, side), interpolation=cv2.INTER_AREA)
-                          for k in range(len(scene.objects))])
+                          for k in range(len(scene.objects))] or [np.zeros((side, side), np.float32)])
     best = fractions.argmax(0)
     cover = fractions.max(0).reshape(-1)
     covered = fractions.max(0) >= 0.2
@@ -469,6 +472,25 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def frame_labels(scene: Scene) -> tuple[np.ndarray, ...]:
+    """The per-frame targets of the vision stages besides the keyword slots (see train_vision)."""
+    col, shp, size, obj, centres = patch_labels(scene)
+    return (col, shp, size, centres, *routing_target(scene, obj), *grouping_target(obj))
+
+
+def _worker_init() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _pool_frame(job: tuple[int, int, PreprocessConfig, bool]) -> tuple[int, tuple[Scene, np.ndarray],
+                                                                      tuple[np.ndarray, ...] | None]:
+    seed, k, cfg, labels = job
+    frame = sample(seed, k, cfg)
+    return k, frame, frame_labels(frame[0]) if labels else None
+
+
 class FramePool:
     """Frames 0 .. size-1 of one stream, generated on first use and then kept (as the preprocessed
     float tiles): generation and Lanczos resizing cost ~20% of a stage-1 step on this machine."""
@@ -479,6 +501,33 @@ class FramePool:
         self._labels: dict[int, tuple[np.ndarray, ...]] = {}
         self.last_labels: tuple[Any, Any] | None = None
 
+    def _make(self, k: int) -> None:
+        frame = sample(self.seed, k, self.cfg)
+        self._frames[k] = frame
+        if self.labels:
+            self._labels[k] = frame_labels(frame[0])
+
+    def fill(self, count: int, workers: int) -> None:
+        """Draws frames 0 .. count-1 ahead of training in `workers` processes (a 1280x720 frame costs
+        ~160 ms to draw: in the training loop the first pass over a 40 000-frame pool cost more than
+        the training steps)."""
+        todo = [k for k in range(min(count, self.size)) if k not in self._frames]
+        if workers <= 1 or len(todo) < 64:
+            for k in todo:
+                self._make(k)
+            return
+        import multiprocessing
+
+        t0 = time.time()
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as mp:
+            for k, frame, labels in mp.imap_unordered(_pool_frame, [(self.seed, k, self.cfg, self.labels)
+                                                                     for k in todo], chunksize=16):
+                self._frames[k] = frame
+                if labels is not None:
+                    self._labels[k] = labels
+        log.info("drew %d frames of stream %d in %.0f s (%d processes)", len(todo), self.seed, time.time() - t0,
+                 workers)
+
     def batch(self, start: int, n: int) -> tuple[list[Scene], Any]:
         import torch
 
@@ -486,11 +535,7 @@ class FramePool:
         for i in range(start, start + n):
             k = i % self.size
             if k not in self._frames:
-                self._frames[k] = sample(self.seed, k, self.cfg)
-                if self.labels:
-                    col, shp, size, obj, centres = patch_labels(self._frames[k][0])
-                    self._labels[k] = (col, shp, size, centres, *routing_target(self._frames[k][0], obj),
-                                       *grouping_target(obj))
+                self._make(k)
             s, p = self._frames[k]
             scenes.append(s)
             px.append(p)
@@ -564,6 +609,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     acc_hist: list[float] = []
     dense_shape_hist: list[float] = []  # per-patch shape accuracy on object patches (the aux head)
     pool = FramePool(args.seed, args.pool1, cfg, labels=True)
+    pool.fill(min(args.pool1, steps * args.batch1), args.draw_workers)
     # Per-slot weights of the slot loss: the shape slots (4th of each group) can count more.
     slot_weight = torch.ones(N_IMAGE_TOKENS)
     slot_weight[[5 * g + 3 for g in range(len(POSITIONS))]] = args.shape_weight
@@ -861,14 +907,30 @@ def torch_greedy(vs: VisionSide, dec: Decoder, prompt: Prompt, pixels: Any, stop
     return tokens, margins
 
 
+def colour_and_shape_right(text: str, scene: Any) -> int:
+    """Objects whose colour and shape the text names (position and count aside), each mention used once."""
+    named = Counter((m.colour, m.shape) for m in parse_caption(text) for _ in range(m.count))
+    right = 0
+    for o in scene.objects:
+        if named[(o.colour, o.shape)] > 0:
+            named[(o.colour, o.shape)] -= 1
+            right += 1
+    return right
+
+
 def evaluate(mmproj: Path, text_gguf: Path, vs: VisionSide, dec: Decoder, tok: Tokenizer, prompt: Prompt,
-             args: argparse.Namespace, cfg: PreprocessConfig, n: int, compare_torch: bool = True) -> dict[str, Any]:
+             args: argparse.Namespace, cfg: PreprocessConfig, n: int, compare_torch: bool = True,
+             scenes: Sequence[Any] | None = None, world: str = "training world (held out)") -> dict[str, Any]:
+    """Greedy captions of held-out frames through our engine (and torch), scored by scenes.score.
+    Frames: `scenes` (any objects with .image(), .objects, .caption), else n frames of --eval-seed."""
     import torch
 
     from edgevlm_ros.engine.vlm import load_vlm
 
     vlm = load_vlm(text_gguf, mmproj, threads=args.engine_threads, image_mode="single")
-    scenes = [generate_scene(args.eval_seed, i, *EVAL_SIZE) for i in range(n)]
+    if scenes is None:
+        scenes = [generate_scene(args.eval_seed, i, *frame_size(args.eval_seed, i)) for i in range(n)]
+    n = len(scenes)
     t0 = time.time()
     eng: list[Any] = []
     for s in scenes:
@@ -888,7 +950,8 @@ def evaluate(mmproj: Path, text_gguf: Path, vs: VisionSide, dec: Decoder, tok: T
         torch_margins += m
     torch_s = time.time() - t0
 
-    objects = objects_right = frames_count_right = frames_all_right = exact = 0
+    objects = objects_right = frames_count_right = frames_all_right = exact = colour_shape = 0
+    empty = empty_said = 0
     same = same_ids = 0
     diffs = []
     added_tokens = 0
@@ -901,6 +964,10 @@ def evaluate(mmproj: Path, text_gguf: Path, vs: VisionSide, dec: Decoder, tok: T
         frames_count_right += sc.count_right
         frames_all_right += sc.all_right
         exact += sc.exact
+        colour_shape += colour_and_shape_right(r.text, s)
+        if not s.objects:
+            empty += 1
+            empty_said += sc.all_right
         added_tokens += any(t >= BASE_VOCAB for t in r.token_ids)
         if compare_torch:
             min_top1 = min([min_top1] + [m[0] for m in torch_margins[i]])
@@ -921,11 +988,15 @@ def evaluate(mmproj: Path, text_gguf: Path, vs: VisionSide, dec: Decoder, tok: T
     timings = {k: round(float(np.median([r.timings_ms[k] for r in eng])), 1) for k in eng[0].timings_ms}
     return {
         "prompt": prompt.text,
+        "world": world,
         "frames": n,
-        "frame_size": list(EVAL_SIZE),
-        "seed": args.eval_seed,
+        "frame_sizes": sorted({f"{s.width}x{s.height}" for s in scenes}),
+        "seed": getattr(scenes[0], "seed", EVAL_SEED),
         "objects": objects,
-        "objects_fully_right": round(objects_right / objects, 4),
+        "objects_fully_right": round(objects_right / objects, 4) if objects else None,
+        "colour_and_shape_right": round(colour_shape / objects, 4) if objects else None,
+        "frames_without_objects": empty,
+        "frames_without_objects_said_so": round(empty_said / empty, 4) if empty else None,
         "count_right": round(frames_count_right / n, 4),
         "frames_all_right": round(frames_all_right / n, 4),
         "captions_exact": round(exact / n, 4),
@@ -992,11 +1063,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes2", type=float, default=15.0)
     p.add_argument("--eval-seed", type=int, default=999)
     p.add_argument("--eval-frames", type=int, default=300)
+    p.add_argument("--independent-frames", type=int, default=150,
+                   help="frames of each set of the independent evaluation world (edgevlm_ros.demo.eval_world)")
     p.add_argument("--extra-eval-frames", type=int, default=100,
                    help="frames for the untrained prompts (engine only; 0: skip)")
     # One torch thread: on this 2-core machine shared with other jobs (load 5-8), a backward pass of the
     # tower took 10 s with 2 threads and 0.25 s with 1 (2026-11-30): two OpenMP threads that wait for
     # each other at every barrier lose most of their time slices. The engine (evaluation) takes 2.
+    p.add_argument("--draw-workers", type=int, default=2, help="processes drawing the vision stages' frames ahead")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, see the comment)")
     p.add_argument("--engine-threads", type=int, default=1,
                    help="engine threads in the evaluation (1: the same contention argument as above)")
@@ -1147,6 +1221,17 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
     round_like_f16_file(vs)
     log.info("wrote %s (%.1f MB) from %s; evaluating", out, out.stat().st_size / 1e6, weights.name)
     evals = [evaluate(out, text_gguf, vs, dec, tok, prompts[0], args, cfg, args.eval_frames)]
+    independent = {name: evaluate(out, text_gguf, vs, dec, tok, prompts[0], args, cfg, 0, compare_torch=False,
+                                  scenes=list(eval_scenes(name, args.independent_frames)),
+                                  world=f"edgevlm_ros.demo.eval_world, set {name}") for name in EVAL_SETS}
+    scored = [independent[k] for k in ("single", "multi")]
+    independent["overall_objects_fully_right"] = round(
+        sum(e["objects_fully_right"] * e["objects"] for e in scored) / sum(e["objects"] for e in scored), 4)
+    for name in EVAL_SETS:
+        e = independent[name]
+        log.info("independent %s: objects fully right %s, colour+shape %s, count %.3f, no-object frames said so %s",
+                 name, e["objects_fully_right"], e["colour_and_shape_right"], e["count_right"],
+                 e["frames_without_objects_said_so"])
     if args.extra_eval_frames:
         evals += [evaluate(out, text_gguf, vs, dec, tok, make_prompt(tok, meta["tokenizer.chat_template"], t), args,
                            cfg, args.extra_eval_frames, compare_torch=False) for t in EXTRA_EVAL_PROMPTS]
@@ -1164,7 +1249,7 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
         "mmproj": out.name,
         "mmproj_bytes": out.stat().st_size,
         "text_model": "models/edgevlm-demo-text.gguf, written by edgevlm_ros.demo.demo_model.ensure_demo_text_model()",
-        "world": "edgevlm_ros.demo.scenes (synthetic shapes only)",
+        "world": "edgevlm_ros.demo.scenes (synthetic shapes only); evaluated also on edgevlm_ros.demo.eval_world",
         "training_commands": [c for n in used for c in _commands(stages.get(n))],
         "evaluation_command": command(argv),
         "seed": args.seed,
@@ -1179,6 +1264,7 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
         "training_scene_descriptions_prompt_stage": (stages.get("prompt") or {}).get("scenes", 0),
         "training_wall_seconds": round(sum((stages[n] or {}).get("wall_seconds", 0.0) for n in used), 1),
         "evaluation": evals,
+        "evaluation_independent_renderer": independent,
         "machine": f"{platform.machine()}, 2 cores shared with other jobs; torch {torch.__version__} with "
                    f"{args.threads} thread(s), engine {args.engine_threads} threads",
         "date": time.strftime("%Y-%m-%d"),

@@ -26,6 +26,8 @@ class DemoStats:
     objects_right: int = 0
     counts_right: int = 0
     exact: int = 0
+    empty: int = 0  # frames without a known object ...
+    empty_said: int = 0  # ... described as such
     unmatched: int = 0  # descriptions whose ground truth never arrived
     pending: dict[Stamp, str] = field(default_factory=dict)  # stamp -> text, truth not yet here
     truths: dict[Stamp, Scene] = field(default_factory=dict)
@@ -41,6 +43,10 @@ class DemoStats:
         self.objects_right += sc.n_right
         self.counts_right += int(sc.count_right)
         self.exact += int(sc.exact)
+        if sc.count_true == 0:
+            self.empty += 1
+            self.empty_said += int(sc.all_right)
+            return f"no known objects: {'said so' if sc.all_right else 'WRONG'}"
         return f"objects {sc.n_right}/{sc.count_true} count {'ok' if sc.count_right else 'WRONG'}"
 
     def add_truth(self, stamp: Stamp, scene: Scene) -> str | None:
@@ -86,6 +92,8 @@ class DemoStats:
             "objects_fully_right": self.objects_right / max(self.objects, 1),
             "count_right": self.counts_right / n,
             "exact_captions": self.exact / n,
+            "frames_without_objects": self.empty,
+            "frames_without_objects_said_so": self.empty_said / self.empty if self.empty else None,
             "latency_ms": {s: {"p50": w.p50, "p99": w.p99} for s, w in self.latency.items()},
             "node_counters": self.counters,
         }

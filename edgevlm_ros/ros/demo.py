@@ -177,6 +177,8 @@ def run_demo(args: argparse.Namespace) -> int:
         lat = ", ".join(f"{s} p50 {v['p50']:.0f} / p99 {v['p99']:.0f} ms" for s, v in summary["latency_ms"].items())
         print(f"\nsummary: {stats.described} frames described ({summary['frames_unmatched']} without ground "
               f"truth); objects fully right "
-              f"{summary['objects_fully_right']:.1%}, count right {summary['count_right']:.1%}; {lat}; "
+              f"{summary['objects_fully_right']:.1%}, count right {summary['count_right']:.1%}"
+              + (f", frames without objects said so {summary['frames_without_objects_said_so']:.1%}"
+                 if summary["frames_without_objects"] else "") + f"; {lat}; "
               f"node counters {summary['node_counters']}")
     return code
