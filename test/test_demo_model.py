@@ -6,9 +6,13 @@
   spellings);
 - the demo text GGUF: SmolLM2's tensors byte for byte, SmolVLM's added tokens at SmolVLM's ids with
   zero rows, the same text as SmolLM2 on a text prompt;
-- the committed mmproj, described by OUR engine on a held-out sample of 30 frames (a seed never used
-  in training) against the committed thresholds below. The full 300-frame figure is in
-  edgevlm_ros/data/edgevlm-demo-mmproj.json (tools/train_demo_vlm.py writes it).
+- the independent evaluation world (eval_world.py: Pillow, its own colour values and backgrounds):
+  reproducible, its sets keep their rules, its colour values lie inside the names' ranges;
+- the committed mmproj, described by OUR engine on held-out samples of both worlds (seeds never used
+  in training) against the committed thresholds below: 30 frames of the training world, 24 single
+  objects, 16 scenes of two or three and 12 frames without objects of the independent one. The full
+  figures (300 + 3 x 150 frames) are in edgevlm_ros/data/edgevlm-demo-mmproj.json
+  (tools/train_demo_vlm.py writes it).
 """
 
 from __future__ import annotations

@@ -37,9 +37,12 @@ commands; "prompt" needs no vision weights and may run beside "keywords"):
    slots after ~4 minutes instead of ~4000 steps.
 4. caption (optional, --steps2 > 0): connector + top of the tower fine-tuned through the decoder.
 5. eval: export (transformers-layout checkpoint -> edgevlm_ros.tools.convert.convert_mmproj, F16), then
-   `--eval-frames` frames of `--eval-seed` (never used in training) through OUR engine and through
-   torch (the same F16-rounded vision weights, the same dequantized decoder): accuracy by
-   edgevlm_ros.demo.scenes.score, greedy text agreement, near ties. Everything lands in the JSON record.
+   `--eval-frames` frames of `--eval-seed` (never used in training, the training frame sizes) through
+   OUR engine and through torch (the same F16-rounded vision weights, the same dequantized decoder):
+   accuracy by edgevlm_ros.demo.scenes.score, greedy text agreement, near ties; and
+   `--independent-frames` frames of each set of edgevlm_ros.demo.eval_world (drawn with Pillow, its
+   own colours, backgrounds and seed: single objects, scenes of two or three, frames without known
+   objects) through our engine. Everything lands in the JSON record.
 
 What is slow: SHAPE. With perfect slots the frozen decoder names 99% of the objects right
 (48 held-out scenes: soft prompt alone, no pixels), so the vision side is the limit, and in it the
@@ -1056,6 +1059,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="regress stage: start from its own saved weights (a further run of the stage)")
     p.add_argument("--regress-from-scratch", action="store_true",
                    help="regress stage: start from a fresh tower instead of the keywords stage's")
+    p.add_argument("--regress-from-mmproj", type=Path, default=None,
+                   help="regress stage: start from the tower and connector of an mmproj GGUF written by export() "
+                        "(e.g. the shipped edgevlm_ros/data/edgevlm-demo-mmproj-f16.gguf)")
     p.add_argument("--steps2", type=int, default=0, help="caption stage steps (0: skip)")
     p.add_argument("--batch2", type=int, default=16, help="decoder stages batch")
     p.add_argument("--lr2", type=float, default=1e-4)
@@ -1175,6 +1181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.continue_regress:  # another run of this stage, starting where the saved one ended
                 vs.load_state_dict(torch.load(args.work / "regress.pt"))
                 earlier = _stage_record(args.work, "regress")
+            elif args.regress_from_mmproj is not None:
+                load_mmproj(vs, args.regress_from_mmproj)
             elif not args.regress_from_scratch:
                 vs.load_state_dict(torch.load(args.work / "stage1.pt"))
             soft.load(torch.load(args.work / "prompt.pt"))
@@ -1182,7 +1190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                50 if args.regress_from_scratch else 10,
                                time.time() + 60 * args.minutes3)
             rec["started_from"] = ("regress.pt" if args.continue_regress else
-                                   f"a fresh tower (--pos-init {args.pos_init})" if args.regress_from_scratch
+                                   f"the tower of {args.regress_from_mmproj.name}" if args.regress_from_mmproj
+                                   else f"a fresh tower (--pos-init {args.pos_init})" if args.regress_from_scratch
                                    else "stage1.pt")
             torch.save(vs.state_dict(), args.work / "regress.pt")
             if earlier is not None:
