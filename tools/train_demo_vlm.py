@@ -63,6 +63,7 @@ the two regress runs on two threads on a quiet machine (17 + 20 min), the evalua
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -939,7 +940,7 @@ def evaluate(mmproj: Path, text_gguf: Path, vs: VisionSide, dec: Decoder, tok: T
     for s in scenes:
         eng.append(vlm.describe(s.image(), prompt=prompt.text, max_new_tokens=MAX_NEW_TOKENS))
     engine_s = time.time() - t0
-    if [list(x) for x in vlm.prompt_ids(prompt.text, 0, 0)] != [prompt.prefix, prompt.rest]:
+    if list(vlm.prompt_ids(prompt.text, vlm.images.plan(*scenes[0].image().shape[:2]))) != [prompt.prefix, prompt.rest]:
         raise RuntimeError("the engine's prompt tokens differ from the ones used in training")
 
     t0 = time.time()
@@ -1093,6 +1094,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+WARM_START_RECORD = "warm_start_record.json"  # in --work: the record of the model a warm start began from
+
+
 def _stage_record(work: Path, name: str) -> dict[str, Any] | None:
     path = work / f"{name}.json"
     if path.exists():
@@ -1183,6 +1187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 earlier = _stage_record(args.work, "regress")
             elif args.regress_from_mmproj is not None:
                 load_mmproj(vs, args.regress_from_mmproj)
+                # The evaluation's record keeps how the starting model was trained (its record is
+                # overwritten when the new model is written to the same place).
+                start = args.regress_from_mmproj
+                beside = start.with_name(start.name.replace("-f16.gguf", ".json"))
+                earlier = json.loads(beside.read_text()) if beside.exists() and beside != start else {}
+                earlier["mmproj_sha256"] = hashlib.sha256(start.read_bytes()).hexdigest()
+                (args.work / WARM_START_RECORD).write_text(json.dumps(earlier, indent=2))
             elif not args.regress_from_scratch:
                 vs.load_state_dict(torch.load(args.work / "stage1.pt"))
             soft.load(torch.load(args.work / "prompt.pt"))
@@ -1251,8 +1262,15 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
     stages = {name: _stage_record(args.work, name) for name in STAGES[:-1]}
     used = {"caption.pt": ["keywords", "prompt", "regress", "caption"], "regress.pt": ["keywords", "prompt", "regress"],
             "stage1.pt": ["keywords"]}[weights.name]
-    if weights.name != "stage1.pt" and _first_start(stages.get("regress")).startswith("a fresh tower"):
+    first = _first_start(stages.get("regress")) if weights.name != "stage1.pt" else ""
+    warm_start = None
+    if first.startswith(("a fresh tower", "the tower of")):
         used.remove("keywords")
+    if first.startswith("the tower of") and (args.work / WARM_START_RECORD).exists():
+        earlier = json.loads((args.work / WARM_START_RECORD).read_text())
+        kept = ("mmproj_sha256", "date", "training_commands", "training_frames", "training_wall_seconds",
+                "warm_start")
+        warm_start = {"from": first, **{k: earlier[k] for k in kept if k in earlier}}
     record = {
         "model": "edgevlm demo: SigLIP-style tower + idefics3 connector on frozen SmolLM2-135M-Instruct (Q4_1)",
         "mmproj": out.name,
@@ -1272,6 +1290,7 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
         "training_frames": sum((stages[n] or {}).get("frames", 0) for n in used),
         "training_scene_descriptions_prompt_stage": (stages.get("prompt") or {}).get("scenes", 0),
         "training_wall_seconds": round(sum((stages[n] or {}).get("wall_seconds", 0.0) for n in used), 1),
+        "warm_start": warm_start,  # the earlier model the vision stage started from, and its own training
         "evaluation": evals,
         "evaluation_independent_renderer": independent,
         "machine": f"{platform.machine()}, 2 cores shared with other jobs; torch {torch.__version__} with "
