@@ -73,7 +73,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ from edgevlm_ros.demo.demo_model import (  # noqa: E402
     ensure_demo_text_model,
 )
 from edgevlm_ros.demo.eval_world import EVAL_SEED, EVAL_SETS, eval_scenes  # noqa: E402
-from edgevlm_ros.demo.scenes import POSITIONS, Scene, generate_scene, parse_caption, score  # noqa: E402
+from edgevlm_ros.demo.scenes import NO_OBJECTS, POSITIONS, Scene, generate_scene, parse_caption, score  # noqa: E402
 from edgevlm_ros.engine.chat_template import render_chat  # noqa: E402
 from edgevlm_ros.engine.preprocess import IMAGE_TOKEN, PreprocessConfig, expand_image_prompt, preprocess  # noqa: E402
 from edgevlm_ros.engine.tokenizer import Tokenizer  # noqa: E402
@@ -707,6 +707,9 @@ def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, p
         first = first_scene + step * args.batch2
         scenes = [generate_scene(args.seed + 1, i, *frame_size(args.seed + 1, i))
                   for i in range(first, first + args.batch2)]
+        if args.prompt_empty_every:  # more frames without objects than the world draws (one caption to learn)
+            scenes = [replace(s, objects=(), caption=NO_OBJECTS) if s.index % args.prompt_empty_every == 0 else s
+                      for s in scenes]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps_prompt, args.lr_prompt, 5)
         loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, soft(torch.tensor([kw.slots(s) for s in scenes])),
@@ -720,10 +723,24 @@ def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, p
                      step, args.steps_prompt, loss.item(), tok_acc, seq_acc, time.time() - t0)
     last = hist[-10:]
     n_done = len(hist)
+    # What the decoder writes from the soft prompt alone (a perfect tower), greedy, on held-out scenes
+    # (stream seed + 2) and on a frame without objects.
+    held = [generate_scene(args.seed + 2, i, *frame_size(args.seed + 2, i)) for i in range(16)]
+    held[0] = replace(held[0], objects=(), caption=NO_OBJECTS)
+    stop = {tok.token_to_id("<|im_end|>")} | ({tok.eos_id} if tok.eos_id is not None else set())
+    with torch.no_grad():
+        out, _ = greedy_from_features(dec, prompt, soft(torch.tensor([kw.slots(s) for s in held])), stop,
+                                      MAX_NEW_TOKENS)
+    texts = [tok.decode(t, skip_special=True) for t in out]
+    exact = sum(t == s.caption for t, s in zip(texts, held, strict=True))
+    log.info("prompt: greedy from the soft prompt alone: %d / %d held-out captions exact; no objects -> %r",
+             exact, len(held), texts[0])
     return {"steps": n_done, "scenes": n_done * args.batch2, "next_scene": first_scene + n_done * args.batch2,
             "lr": args.lr_prompt, "seconds": round(time.time() - t0, 1),
             "final_token_accuracy_train_avg10": round(float(np.mean([a for a, _ in last])), 4) if last else None,
-            "final_caption_exact_train_avg10": round(float(np.mean([q for _, q in last])), 4) if last else None}
+            "final_caption_exact_train_avg10": round(float(np.mean([q for _, q in last])), 4) if last else None,
+            "held_out_greedy_captions_exact": f"{exact} / {len(held)}", "no_objects_greedy": texts[0],
+            "empty_every": args.prompt_empty_every}
 
 
 def caption_loss(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scenes: Sequence[Scene]
@@ -884,9 +901,17 @@ def torch_greedy(vs: VisionSide, dec: Decoder, prompt: Prompt, pixels: Any, stop
     """Batched greedy decoding in torch; per row the tokens and, per step, (top-1 logit, top-1 - top-2)."""
     import torch
 
-    b = pixels.shape[0]
     with torch.no_grad():
-        feats = vs(pixels)
+        return greedy_from_features(dec, prompt, vs(pixels), stop_ids, max_new)
+
+
+def greedy_from_features(dec: Decoder, prompt: Prompt, feats: Any, stop_ids: set[int], max_new: int
+                         ) -> tuple[list[list[int]], list[list[tuple[float, float]]]]:
+    """torch_greedy from the image positions' inputs (B, 16, 576): a tower's output or a soft prompt."""
+    import torch
+
+    b = feats.shape[0]
+    with torch.no_grad():
         x = dec.embed(torch.tensor(prompt.rest)).unsqueeze(0).repeat(b, 1, 1)
         x[:, torch.from_numpy(prompt.image_slots)] = feats
         cache = dec.prefix_cache(prompt.prefix, b)
@@ -1041,6 +1066,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steps-prompt", type=int, default=200, help="prompt stage steps")
     p.add_argument("--lr-prompt", type=float, default=2e-3)
     p.add_argument("--minutes-prompt", type=float, default=25.0)
+    p.add_argument("--prompt-empty-every", type=int, default=0,
+                   help="prompt stage: every Nth scene description is one without objects (0: as the world draws)")
     p.add_argument("--continue-prompt", action="store_true",
                    help="prompt stage: start from the saved soft prompt (a further run of the stage)")
     p.add_argument("--steps3", type=int, default=1000, help="regress stage steps")
