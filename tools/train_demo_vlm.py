@@ -727,10 +727,9 @@ def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, p
     # (stream seed + 2) and on a frame without objects.
     held = [generate_scene(args.seed + 2, i, *frame_size(args.seed + 2, i)) for i in range(16)]
     held[0] = replace(held[0], objects=(), caption=NO_OBJECTS)
-    stop = {tok.token_to_id("<|im_end|>")} | ({tok.eos_id} if tok.eos_id is not None else set())
     with torch.no_grad():
-        out, _ = greedy_from_features(dec, prompt, soft(torch.tensor([kw.slots(s) for s in held])), stop,
-                                      MAX_NEW_TOKENS)
+        out, _ = greedy_from_features(dec, prompt, soft(torch.tensor([kw.slots(s) for s in held])),
+                                      set(tok.eot_ids), MAX_NEW_TOKENS)  # the engine's stop ids
     texts = [tok.decode(t, skip_special=True) for t in out]
     exact = sum(t == s.caption for t, s in zip(texts, held, strict=True))
     log.info("prompt: greedy from the soft prompt alone: %d / %d held-out captions exact; no objects -> %r",
@@ -1214,11 +1213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 earlier = _stage_record(args.work, "regress")
             elif args.regress_from_mmproj is not None:
                 load_mmproj(vs, args.regress_from_mmproj)
-                # The evaluation's record keeps how the starting model was trained (its record is
-                # overwritten when the new model is written to the same place).
+                # The evaluation's record keeps how the starting model was trained: when it starts from
+                # the model at --out, its record (--record) is overwritten by the new one.
                 start = args.regress_from_mmproj
-                beside = start.with_name(start.name.replace("-f16.gguf", ".json"))
-                earlier = json.loads(beside.read_text()) if beside.exists() and beside != start else {}
+                same = start.resolve() == args.out.resolve() and args.record.exists()
+                earlier = json.loads(args.record.read_text()) if same else {}
                 earlier["mmproj_sha256"] = hashlib.sha256(start.read_bytes()).hexdigest()
                 (args.work / WARM_START_RECORD).write_text(json.dumps(earlier, indent=2))
             elif not args.regress_from_scratch:
