@@ -331,6 +331,39 @@ def test_demo_chat_template_places_the_image_first() -> None:
     assert plain == text.replace("<image>", "")
 
 
+def test_training_targets_give_frames_without_objects_their_own_end_word(demo_text: Path) -> None:
+    """The training tool's keyword slots: a frame without known objects says so with one word of its
+    own in the end slot (the caption's first word); a frame with objects ends with "."; a soft prompt
+    saved before that word existed loads with the saved deltas kept and the new word's at zero."""
+    import torch
+
+    from edgevlm_ros import _engine
+    from edgevlm_ros.demo.demo_model import VOCAB_SIZE
+    from edgevlm_ros.demo.scenes import NO_OBJECTS
+    from edgevlm_ros.engine.tokenizer import Tokenizer
+
+    tool = _training_tool()
+    tok = Tokenizer.from_gguf_metadata(_engine.GGUFFile(str(demo_text)).metadata())
+    kw = tool.Keywords(tok)
+    assert tok.decode([kw.none]) == NO_OBJECTS.split()[0] and kw.none in kw.vocab and kw.none != kw.pad
+    empty = next(s for s in (generate_scene(7, i) for i in range(400)) if not s.objects)
+    full = next(s for s in (generate_scene(7, i) for i in range(400)) if len(s.objects) >= 2)
+    assert kw.slots(empty) == [kw.pad] * 15 + [kw.none]
+    slots = kw.slots(full)
+    assert slots[-1] == kw.pad and kw.none not in slots and len(set(slots)) > 3
+    soft = tool.SoftPrompt(torch.randn(VOCAB_SIZE, tool.TEXT_WIDTH), kw)
+    older = [t for t in kw.vocab if t != kw.none]
+    saved = {"offsets": torch.randn(tool.N_IMAGE_TOKENS, tool.TEXT_WIDTH),
+             "deltas": torch.randn(len(older), tool.TEXT_WIDTH), "vocab": older}
+    assert soft.load(saved) == [kw.none]
+    assert torch.equal(soft.offsets, saved["offsets"])
+    assert torch.equal(soft.deltas[soft.index[torch.tensor(older)]], saved["deltas"])
+    assert not soft.deltas[soft.index[kw.none]].any()
+    assert soft.load(soft.state()) == []
+    with pytest.raises(ValueError, match="lacks"):
+        soft.load({**saved, "vocab": [*older[:-1], VOCAB_SIZE - 1]})
+
+
 # -- the committed model on held-out frames ----------------------------------------------------------
 
 

@@ -260,7 +260,11 @@ class Keywords:
         self.shape = {s: one(" " + s) for s in SHAPES} | {s + "s": one(" " + s + "s") for s in SHAPES}
         self.position = {p: one(" " + p) for p in POSITIONS}
         self.pad = one(".")
-        vocab = {self.pad, *self.count.values(), *self.size.values(), *self.colour.values(),
+        # The end slot of a frame without known objects: the caption's own first word, so the frozen
+        # decoder reads one clear token for the one global decision (all "." slots did not do it:
+        # the "." delta and the slot offsets also serve every empty third of every other frame).
+        self.none = one(NO_OBJECTS.split()[0])
+        vocab = {self.pad, self.none, *self.count.values(), *self.size.values(), *self.colour.values(),
                  *self.shape.values(), *self.position.values()}
         self.vocab = sorted(vocab)
         self.index = {t: i for i, t in enumerate(self.vocab)}
@@ -275,7 +279,7 @@ class Keywords:
             o, n = objs[0], len(objs)
             out += [self.count[n], self.size[o.size], self.colour[o.colour],
                     self.shape[o.shape + ("s" if n > 1 else "")], self.position[p]]
-        out.append(self.pad)
+        out.append(self.pad if scene.objects else self.none)
         assert len(out) == N_IMAGE_TOKENS
         return out
 
@@ -488,25 +492,25 @@ def _worker_init() -> None:
     cv2.setNumThreads(1)
 
 
-def _pool_frame(job: tuple[int, int, PreprocessConfig, bool]) -> tuple[int, tuple[Scene, np.ndarray],
+def _pool_frame(job: tuple[int, int, PreprocessConfig, bool, int]) -> tuple[int, tuple[Scene, np.ndarray],
                                                                       tuple[np.ndarray, ...] | None]:
-    seed, k, cfg, labels = job
-    frame = sample(seed, k, cfg)
+    seed, k, cfg, labels, first = job
+    frame = sample(seed, first + k, cfg)
     return k, frame, frame_labels(frame[0]) if labels else None
 
 
 class FramePool:
-    """Frames 0 .. size-1 of one stream, generated on first use and then kept (as the preprocessed
-    float tiles): generation and Lanczos resizing cost ~20% of a stage-1 step on this machine."""
+    """Frames first .. first+size-1 of one stream, generated on first use and then kept (as the
+    preprocessed float tiles): generation and Lanczos resizing cost ~20% of a stage-1 step on this machine."""
 
-    def __init__(self, seed: int, size: int, cfg: PreprocessConfig, labels: bool = False) -> None:
-        self.seed, self.size, self.cfg, self.labels = seed, size, cfg, labels
+    def __init__(self, seed: int, size: int, cfg: PreprocessConfig, labels: bool = False, first: int = 0) -> None:
+        self.seed, self.size, self.cfg, self.labels, self.first = seed, size, cfg, labels, first
         self._frames: dict[int, tuple[Scene, np.ndarray]] = {}
         self._labels: dict[int, tuple[np.ndarray, ...]] = {}
         self.last_labels: tuple[Any, Any] | None = None
 
     def _make(self, k: int) -> None:
-        frame = sample(self.seed, k, self.cfg)
+        frame = sample(self.seed, self.first + k, self.cfg)
         self._frames[k] = frame
         if self.labels:
             self._labels[k] = frame_labels(frame[0])
@@ -524,7 +528,7 @@ class FramePool:
 
         t0 = time.time()
         with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as mp:
-            for k, frame, labels in mp.imap_unordered(_pool_frame, [(self.seed, k, self.cfg, self.labels)
+            for k, frame, labels in mp.imap_unordered(_pool_frame, [(self.seed, k, self.cfg, self.labels, self.first)
                                                                      for k in todo], chunksize=16):
                 self._frames[k] = frame
                 if labels is not None:
@@ -576,12 +580,19 @@ class SoftPrompt:
         return {"offsets": self.offsets.detach().clone(), "deltas": self.deltas.detach().clone(),
                 "vocab": list(self.kw.vocab)}
 
-    def load(self, state: dict[str, Any]) -> None:
-        if list(state["vocab"]) != list(self.kw.vocab):
-            raise ValueError("saved soft prompt has another keyword vocabulary")
-        with __import__("torch").no_grad():
+    def load(self, state: dict[str, Any]) -> list[int]:
+        """Takes a saved soft prompt; a keyword vocabulary that has grown since keeps the saved deltas of
+        the words it had and starts the new words' deltas at zero. Returns the new words' token ids."""
+        saved = [int(t) for t in state["vocab"]]
+        if not set(saved) <= set(self.kw.vocab):
+            lacking = sorted(set(saved) - set(self.kw.vocab))
+            raise ValueError(f"saved soft prompt has keywords this vocabulary lacks: {lacking}")
+        torch = __import__("torch")
+        with torch.no_grad():
             self.offsets.copy_(state["offsets"])
-            self.deltas.copy_(state["deltas"])
+            self.deltas.zero_()
+            self.deltas[self.index[torch.tensor(saved)]] = state["deltas"]
+        return sorted(set(self.kw.vocab) - set(saved))
 
 
 def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args: argparse.Namespace,
@@ -612,11 +623,12 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     step = 0
     acc_hist: list[float] = []
     dense_shape_hist: list[float] = []  # per-patch shape accuracy on object patches (the aux head)
-    pool = FramePool(args.seed, args.pool1, cfg, labels=True)
+    pool = FramePool(args.seed, args.pool1, cfg, labels=True, first=args.pool1_first)
     pool.fill(min(args.pool1, steps * args.batch1), args.draw_workers)
     # Per-slot weights of the slot loss: the shape slots (4th of each group) can count more.
     slot_weight = torch.ones(N_IMAGE_TOKENS)
     slot_weight[[5 * g + 3 for g in range(len(POSITIONS))]] = args.shape_weight
+    slot_weight[N_IMAGE_TOKENS - 1] = args.end_weight  # the object / no-object decision
     slot_weight = slot_weight.repeat(args.batch1) / slot_weight.mean()
     for step in range(steps):
         if time.time() > deadline:
@@ -680,12 +692,19 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
             cols = [5 * g + j for g in range(len(POSITIONS))]
             sel = used[:, cols]
             by_kind[kind] = round(float(right[:, cols][sel].float().mean()), 4) if bool(sel.any()) else None
+        empty = torch.tensor([not s.objects for s in scenes])
+        end_right = right[:, -1]
+        end_slot = {"frames_without_objects": int(empty.sum()),
+                    "said_none": round(float(end_right[empty].float().mean()), 4) if bool(empty.any()) else None,
+                    "frames_with_objects_not_said_none": round(float(end_right[~empty].float().mean()), 4)}
     log.info("%s held-out (stream %d, 128 frames): slot accuracy %.3f, frames with every slot right %.3f, "
-             "relative mse %.4f, by kind %s", name, args.seed + 2, held_slot, held_frame, held_mse, by_kind)
+             "relative mse %.4f, by kind %s, end slot %s", name, args.seed + 2, held_slot, held_frame, held_mse,
+             by_kind, end_slot)
     return {"held_out_slot_accuracy": round(held_slot, 4), "held_out_frames_all_slots_right": round(held_frame, 4),
-            "held_out_accuracy_of_used_slots_by_kind": by_kind,
+            "held_out_accuracy_of_used_slots_by_kind": by_kind, "held_out_end_slot": end_slot,
             "held_out_relative_mse": round(held_mse, 4), "steps": len(acc_hist), "frames": len(acc_hist) * args.batch1,
-            "distinct_frames": min(args.pool1, len(acc_hist) * args.batch1), "seconds": round(time.time() - t0, 1),
+            "distinct_frames": min(args.pool1, len(acc_hist) * args.batch1),
+            "pool_first_frame": args.pool1_first, "seconds": round(time.time() - t0, 1),
             "final_slot_accuracy_train_avg20": round(float(np.mean(acc_hist[-20:])), 4) if acc_hist else None}
 
 
@@ -1061,6 +1080,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch1", type=int, default=16, help="vision stages batch")
     p.add_argument("--lr1", type=float, default=4e-4)
     p.add_argument("--pool1", type=int, default=2500, help="distinct frames of the vision stages (reused after)")
+    p.add_argument("--pool1-first", type=int, default=0,
+                   help="the vision stages' pool starts at this frame of the stream (a further run on frames "
+                        "the earlier runs did not see)")
     p.add_argument("--minutes1", type=float, default=25.0, help="keywords stage stops early after this long")
     p.add_argument("--steps-prompt", type=int, default=200, help="prompt stage steps")
     p.add_argument("--lr-prompt", type=float, default=2e-3)
@@ -1082,6 +1104,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="weight of the object-grouping attention loss (see grouping_target)")
     p.add_argument("--dense-weight", type=float, default=0.5, help="weight of the per-patch colour/shape loss")
     p.add_argument("--shape-weight", type=float, default=1.0, help="weight of the shape slots in the slot loss")
+    p.add_argument("--end-weight", type=float, default=1.0,
+                   help="weight of the end slot (object / no-object decision) in the slot loss")
     p.add_argument("--continue-regress", action="store_true",
                    help="regress stage: start from its own saved weights (a further run of the stage)")
     p.add_argument("--regress-from-scratch", action="store_true",
@@ -1193,7 +1217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif stage == "prompt":
             earlier = None
             if args.continue_prompt:  # another run of this stage, starting where the saved one ended
-                soft.load(torch.load(args.work / "prompt.pt"))
+                new_words = soft.load(torch.load(args.work / "prompt.pt"))
+                if new_words:
+                    log.info("prompt: keywords new since the saved soft prompt (deltas start at zero): %s",
+                             [tok.decode([t]) for t in new_words])
                 earlier = _stage_record(args.work, "prompt")
             rec = train_prompt(soft, dec, tok, kw, prompts[0], args, time.time() + 60 * args.minutes_prompt,
                                first_scene=(earlier or {}).get("next_scene", (earlier or {}).get("scenes", 0)))
@@ -1222,7 +1249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (args.work / WARM_START_RECORD).write_text(json.dumps(earlier, indent=2))
             elif not args.regress_from_scratch:
                 vs.load_state_dict(torch.load(args.work / "stage1.pt"))
-            soft.load(torch.load(args.work / "prompt.pt"))
+            if soft.load(torch.load(args.work / "prompt.pt")):
+                raise SystemExit("regress: the saved soft prompt predates the keyword vocabulary; run the prompt "
+                                 "stage (--continue-prompt) first")
             rec = train_vision("regress", vs, soft, kw, args, cfg, args.steps3, args.lr3,
                                50 if args.regress_from_scratch else 10,
                                time.time() + 60 * args.minutes3)
