@@ -465,6 +465,8 @@ def test_lifecycle_node_through_every_transition(vlm_pair: tuple[Path, Path], tm
 # 30 s ends inside the warm-up plateau. 60 s (1803 frames) is too short a window for the slope: a
 # fresh-clone run of 2026-12-03 measured +1.86 MiB per 1000 frames (a step of ~1 MiB fitted as a
 # slope); the same test at 120 s (3603 frames) right after: +0.09 (earlier 60 s runs: +0.29, -0.02).
+# When the slope is out of bounds the soak goes on for a confirmation window of SOAK_SECONDS * 0.8
+# and judges the memory on that (test_soak's rule: a leak goes on growing, a step does not).
 SOAK_SECONDS = float(os.environ.get("EDGEVLM_CONTROL_SOAK_S", "120"))
 
 
@@ -491,10 +493,12 @@ def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path],
         answers: list[Any] = []
         futures: list[Any] = []
         n_frames = 0
-        t0 = time.monotonic()
-        with Sampler(node.child.pid) as sampler:
-            i = 0
-            while time.monotonic() - t0 < SOAK_SECONDS:
+
+        def run(seconds: float, sampler: Sampler) -> None:
+            """Every camera at 10 Hz and a question a second for `seconds`."""
+            nonlocal n_frames
+            t0, i = time.monotonic(), 0
+            while time.monotonic() - t0 < seconds:
                 delay = t0 + i / 10 - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
@@ -506,6 +510,14 @@ def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path],
                                                                    choices=YES_NO)))
                 sampler.sent = n_frames
                 i += 1
+
+        with Sampler(node.child.pid) as sampler:
+            run(SOAK_SECONDS, sampler)
+            steady = first_window = Steady.of(sampler.samples[len(sampler.samples) // 5:])
+            if not steady.flat:
+                mark = len(sampler.samples)
+                run(SOAK_SECONDS * 0.8, sampler)
+                steady = Steady.of(sampler.samples[mark:])
             deadline = time.monotonic() + 60
             while not all(f.done() for f in futures) and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -515,9 +527,11 @@ def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path],
                 start=len(node.diag))))
         answers = [f.result() for f in futures]
         rss1, fds1, threads1 = proc_sample(node.child.pid)
-        steady = Steady.of(sampler.samples[len(sampler.samples) // 5:])
-        print(f"\ncontrol soak: {n_frames} frames on 3 cameras, {len(answers)} questions in {SOAK_SECONDS:g} s; "
-              f"RssAnon+RssShmem {rss0:.1f} -> {rss1:.1f} MiB, slope {steady.slope:+.3f} MiB per 1000 frames; "
+        confirmation = "" if steady is first_window else (
+            f", out of bounds, so {SOAK_SECONDS * 0.8:g} s more: slope {steady.slope:+.3f} over them")
+        print(f"\ncontrol soak: {n_frames} frames on 3 cameras, {len(answers)} questions; "
+              f"RssAnon+RssShmem {rss0:.1f} -> {rss1:.1f} MiB, slope {first_window.slope:+.3f} MiB per 1000 frames"
+              f" over the last 4/5 of {SOAK_SECONDS:g} s{confirmation}; "
               f"fds {fds0} -> {fds1}; threads {threads0} -> {threads1}; {heartbeat}")
         assert all(a.success and a.answer in YES_NO for a in answers), [a.message for a in answers if not a.success]
         assert int(heartbeat["questions_waiting"]) == 0

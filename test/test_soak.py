@@ -18,6 +18,11 @@ can take is exercised: received and replaced in the slot, taken and described. T
   the page cache holds ~15 GB of fixtures, the kernel evicts and refaults model pages, and VmRSS
   sloped +1.1 to +3.4 MiB per 1000 frames (2026-12-02) while reading 30 GB through the page
   cache during a run here made it -2.05; the anonymous part stayed within +0.4 in both.
+  When the slope is out of bounds, the soak sends a confirmation window as long as the measured
+  one (1600 frames more) and the bound applies to that window's slope: a leak goes on growing and
+  fails it again, a one-time step does not. Two full fresh-clone runs of 2026-12-03 failed the
+  bound (+1.86 and +2.24 MiB per 1000 frames: 158.4 MiB after warm-up, 161.9 at most, 160.7 at
+  the end) where every run alone stayed inside it; which of the two it was, they could not tell.
 - File descriptors and threads: the same count at the end as after warm-up, and never more than
   a few above it in between.
 - Every frame accounted for: received = described + failed + dropped + in flight (0 at the
@@ -95,6 +100,10 @@ class Steady:
         rss = np.array([s[1] for s in samples])
         return cls(float(np.polyfit(sent_k, rss, 1)[0]), rss, [s[2] for s in samples], [s[3] for s in samples])
 
+    @property
+    def flat(self) -> bool:
+        return abs(self.slope) < RSS_SLOPE_BOUND_MIB
+
     def check(self, fds_end: int, threads_end: int) -> None:
         """The soak's bounds: memory slope, and no descriptor or thread growth."""
         assert abs(self.slope) < RSS_SLOPE_BOUND_MIB, f"RssAnon+RssShmem slope {self.slope:+.3f} MiB per 1000 frames"
@@ -164,45 +173,61 @@ def test_soak(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
         file_start = proc_memory(child.pid)[1]
 
         sent_stamps: list[tuple[int, int]] = []
-        t0 = time.monotonic()
-        with Sampler(child.pid) as sampler:
-            for i in range(FRAMES):
+
+        def send(count: int, sampler: Sampler) -> None:
+            """`count` more frames, paced to the camera's rate."""
+            t0, first = time.monotonic(), len(sent_stamps)
+            for i in range(count):
                 delay = t0 + i / RATE_HZ - time.monotonic()
                 if delay > 0:
-                    time.sleep(delay)  # pacing to the camera's rate
+                    time.sleep(delay)
                 msg = Image(height=template.height, width=template.width, encoding="rgb8", step=template.step,
                             data=template.data)
                 msg.header.frame_id = "camera"
                 msg.header.stamp = peer.now().to_msg()
                 pub.publish(msg)
                 sent_stamps.append((msg.header.stamp.sec, msg.header.stamp.nanosec))
-                sampler.sent = i + 1
+                sampler.sent = first + i + 1
+
+        t0 = time.monotonic()
+        with Sampler(child.pid) as sampler:
+            send(FRAMES, sampler)
+            # -- memory: the slope after warm-up, or, when that is out of bounds, the slope of a
+            # confirmation window as long (growth that stops was a step, a leak goes on growing)
+            steady = first_window = Steady.of([s for s in sampler.samples if s[0] >= WARMUP])
+            if not steady.flat:
+                mark = len(sampler.samples)
+                send(FRAMES - WARMUP, sampler)
+                steady = Steady.of(sampler.samples[mark:])
             send_s = time.monotonic() - t0
             after = node.heartbeat(lambda v: v["state"] != "describing" and v["frames_in_flight"] == "0", 60)
         rss_end, fds_end, threads_end = proc_sample(child.pid)
         file_end = proc_memory(child.pid)[1]
+        sent = len(sent_stamps)
 
         # -- memory, descriptors, threads ---------------------------------------------------------
-        steady = Steady.of([s for s in sampler.samples if s[0] >= WARMUP])
-        rss, slope, fds, threads = steady.rss, steady.slope, steady.fds, steady.threads
+        rss, slope, fds, threads = first_window.rss, first_window.slope, steady.fds, steady.threads
+        confirmation = "" if steady is first_window else (
+            f"; out of bounds, so {sent - FRAMES} frames more: slope {steady.slope:+.3f} over their "
+            f"{len(steady.rss)} samples (min {steady.rss.min():.1f}, max {steady.rss.max():.1f})")
         counts = {k: int(after[f"frames_{k}"]) - before[k] for k in before}
         in_flight = int(after["frames_in_flight"])
-        print(f"\nsoak: {FRAMES} frames {WIDTH}x{HEIGHT} rgb8 sent best effort at {RATE_HZ:g} Hz in {send_s:.1f} s; "
+        print(f"\nsoak: {sent} frames {WIDTH}x{HEIGHT} rgb8 sent best effort at {RATE_HZ:g} Hz in {send_s:.1f} s; "
               f"node received {counts['received']}, described {counts['described']}, dropped {counts['dropped']}, "
               f"failed {counts['failed']}; RssAnon+RssShmem {rss_start:.1f} MiB before, {rss[0]:.1f} after warm-up, "
               f"{rss_end:.1f} at the end (min {rss.min():.1f}, max {rss.max():.1f}), slope after warm-up "
-              f"{slope:+.3f} MiB per 1000 frames over {len(rss)} samples (RssFile {file_start:.1f} -> "
+              f"{slope:+.3f} MiB per 1000 frames over {len(rss)} samples{confirmation} (RssFile {file_start:.1f} -> "
               f"{file_end:.1f}, not bounded); fds {fds_start} before, "
               f"{min(fds)}..{max(fds)} during, {fds_end} after; threads {threads_start} before, "
               f"{min(threads)}..{max(threads)} during, {threads_end} after")
-        assert send_s < FRAMES / RATE_HZ * 1.5, f"the publisher fell behind: {send_s:.1f} s"
+        assert send_s < sent / RATE_HZ * 1.5, f"the publisher fell behind: {send_s:.1f} s"
         steady.check(fds_end, threads_end)
 
         # -- every frame accounted for -------------------------------------------------------------
         assert in_flight == 0
         assert counts["received"] == counts["described"] + counts["failed"] + counts["dropped"], counts
-        assert counts["received"] <= FRAMES, counts
-        assert counts["received"] >= 0.8 * FRAMES, f"best effort on localhost lost {FRAMES - counts['received']}"
+        assert counts["received"] <= sent, counts
+        assert counts["received"] >= 0.8 * sent, f"best effort on localhost lost {sent - counts['received']}"
         assert counts["failed"] == 0
         assert counts["described"] >= 10, "the node stopped describing during the soak"
         described = [(a, s) for a in diag.messages(first_diag) if (s := frame_status(a)) is not None
