@@ -584,16 +584,22 @@ def test_untied_head_is_written_as_output_weight(hf_dir: Path, hf_tensors: dict[
 
 
 def test_sharded_bf16_checkpoint(hf_dir: Path, hf_tensors: dict[str, np.ndarray], tmp_path: Path) -> None:
+    """A BF16 checkpoint in shards, written as F32 and as BF16 (`--type bf16`, the checkpoint's own
+    format: lossless, so every matrix reads back bit for bit)."""
     import torch
 
     src = variant_dir(hf_dir, tmp_path / "bf16", drop=("model.safetensors",))
     write_shards(hf_tensors, src, bf16=True)
-    text, mmproj = convert(src, tmp_path / "out", "f32", name="x")
-    for path, layout in ((text, text_layout()), (mmproj, vision_layout())):
-        g = _engine.GGUFFile(str(path))
-        for gname, (hname, _) in layout.items():
-            want = torch.from_numpy(hf_tensors[hname]).to(torch.bfloat16).float().numpy()
-            np.testing.assert_array_equal(g.dequantize(gname), reference(gname, want), err_msg=gname)
+    for wtype in ("f32", "bf16"):
+        text, mmproj = convert(src, tmp_path / wtype, wtype, name="x")
+        assert _engine.GGUFFile(str(text)).metadata()["general.file_type"] == {"f32": 0, "bf16": 32}[wtype]
+        for path, layout in ((text, text_layout()), (mmproj, vision_layout())):
+            g = _engine.GGUFFile(str(path))
+            types = {t["name"]: t["type"] for t in g.tensors()}
+            for gname, (hname, shape) in layout.items():
+                assert types[gname] == expected_type(gname, shape, wtype), gname
+                want = torch.from_numpy(hf_tensors[hname]).to(torch.bfloat16).float().numpy()
+                np.testing.assert_array_equal(g.dequantize(gname), reference(gname, want), err_msg=gname)
 
 
 def test_vocab_shorter_than_embeddings_is_padded(hf_dir: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ except the naming keys (general.name, .basename, .version, .finetune, .size_labe
 those from the folder name and a parameter count) and general.alignment (we state the default, 32).
 One tolerance: ssm_a = -exp(A_log) within 2 ulp (torch's float32 exp against numpy's, each within one;
 measured 2026-12-01: at most 1 ulp on the 0.8B shapes, 2 on the 32-value-head checkpoint).
-EDGEVLM_TEST_QWEN35_CONVERT_ALL=1 adds the F16 and Q8_0 comparisons and a checkpoint with 32 value heads
+EDGEVLM_TEST_QWEN35_CONVERT_ALL=1 adds the F16, BF16 and Q8_0 comparisons and a checkpoint with 32 value heads
 on 16 key heads (the tiled value-head order).
 """
 
@@ -85,8 +85,8 @@ def _differences(ours: Path, theirs: Path) -> list[str]:
     return out
 
 
-# F16 and Q8_0 (llama.cpp's conversions, ~1 min each to build once; ours ~20 / 40 s) only when asked.
-WTYPES = ["f32", "f16", "q8_0"] if os.environ.get("EDGEVLM_TEST_QWEN35_CONVERT_ALL") else ["f32"]
+# F16, BF16 and Q8_0 (llama.cpp's conversions, ~1 min each to build once; ours ~20 / 40 s) only when asked.
+WTYPES = ["f32", "f16", "bf16", "q8_0"] if os.environ.get("EDGEVLM_TEST_QWEN35_CONVERT_ALL") else ["f32"]
 
 
 @pytest.mark.parametrize("wtype", WTYPES)

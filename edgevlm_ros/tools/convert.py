@@ -1,7 +1,7 @@
 """Hugging Face SmolVLM / Idefics3 checkpoint -> two GGUF files in llama.cpp's layouts.
 (Qwen3.5 text decoders, MiniCPM-V 4.6's included, take the same command: tools/convert_qwen35.py.)
 
-    edgevlm convert HF_DIR OUT_DIR [--type f32|f16|q8_0|q4_0|q4_1|q4_k_m|q5_k_m] [--name NAME]
+    edgevlm convert HF_DIR OUT_DIR [--type f32|f16|bf16|q8_0|q4_0|q4_1|q4_k_m|q5_k_m] [--name NAME]
 
 writes `OUT_DIR/<name>-<type>.gguf` (the llama-family text decoder, with its tokenizer and chat
 template) and `OUT_DIR/mmproj-<name>-<type>.gguf` (SigLIP vision tower + Idefics3 connector, clip
@@ -55,6 +55,7 @@ _K_MIXES = tuple(n for n, m in MIXES.items() if m.base != GGMLType.Q8_0)
 WEIGHT_TYPES: dict[str, tuple[GGMLType, int]] = {
     "f32": (GGMLType.F32, 0),
     "f16": (GGMLType.F16, 1),
+    "bf16": (GGMLType.BF16, 32),  # LLAMA_FTYPE_MOSTLY_BF16: the checkpoints' own format (MiniCPM-V 4.6, Qwen3.5)
     "q8_0": (GGMLType.Q8_0, 7),
     "q4_0": (GGMLType.Q4_0, 2),
     "q4_1": (GGMLType.Q4_1, 3),

@@ -43,7 +43,7 @@ __all__ = ["DOWNSAMPLE_MODES", "MINICPMV_WEIGHT_TYPES", "convert_minicpmv_mmproj
 
 log = logging.getLogger(__name__)
 
-MINICPMV_WEIGHT_TYPES = ("f32", "f16", "q8_0")
+MINICPMV_WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
 _VISION = "model.vision_tower."
 _MERGER = "model.merger.mlp.0."
 _TEXT_PREFIXES = ("model.language_model.", "lm_head.", "mtp.")

@@ -1,6 +1,6 @@
 """Qwen3.5 text decoder (Hugging Face) -> one `qwen35` GGUF in llama.cpp's layout.
 
-    edgevlm convert HF_DIR OUT_DIR [--type f32|f16|q8_0] [--name NAME]
+    edgevlm convert HF_DIR OUT_DIR [--type f32|f16|bf16|q8_0] [--name NAME]
 
 Input: a `Qwen3_5ForCausalLM` checkpoint (config `model_type` qwen3_5_text, tensors under `model.`),
 or the text half of a `Qwen3_5ForConditionalGeneration` (qwen3_5) or `MiniCPMV4_6ForConditionalGeneration`
@@ -63,7 +63,7 @@ QWEN35_MODEL_TYPES: dict[str, tuple[str | None, str, tuple[str, ...]]] = {
     "qwen3_5": ("text_config", "model.language_model.", ("model.visual.", "mtp.")),
     "minicpmv4_6": ("text_config", "model.language_model.", ("model.vision_tower.", "model.merger.", "mtp.")),
 }
-QWEN35_WEIGHT_TYPES = ("f32", "f16", "q8_0")
+QWEN35_WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
 _LM_HEAD = "lm_head.weight"
 _ARCH = "qwen35"
 _MROPE_DEFAULT = [11, 11, 10]  # transformers' default sections (Qwen3_5TextRotaryEmbedding)
