@@ -270,6 +270,7 @@ class Inbox:
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
+        self.subscription: Any = None  # set by RosPeer.inbox
         self.items: list[tuple[float, Any]] = []
         self._cond = threading.Condition()
 
@@ -345,7 +346,7 @@ class RosPeer:
 
     def inbox(self, msg_type: Any, topic: str, qos: Any = 50) -> Inbox:
         box = Inbox(topic)
-        self.node.create_subscription(msg_type, topic, box, qos)
+        box.subscription = self.node.create_subscription(msg_type, topic, box, qos)
         return box
 
     def publisher(self, msg_type: Any, topic: str, qos: Any = 10) -> Any:
@@ -358,6 +359,15 @@ class RosPeer:
         while publisher.get_subscription_count() < n:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{publisher.topic_name}: no subscriber matched within {timeout} s")
+            time.sleep(0.02)
+
+    @staticmethod
+    def wait_publishers(subscription: Any, n: int = 1, timeout: float = 20.0) -> None:
+        """Until the subscription is matched by n publishers."""
+        deadline = time.monotonic() + timeout
+        while subscription.get_publisher_count() < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{subscription.topic_name}: no publisher matched within {timeout} s")
             time.sleep(0.02)
 
     @staticmethod

@@ -109,11 +109,7 @@ def wait_outputs_matched(node: FaultNode, timeout: float = 30.0) -> None:
     """Until this process' description and /diagnostics readers are matched with the node's
     writers: a heartbeat has arrived, and the description subscription counts a publisher."""
     node.heartbeat(lambda v: True, timeout)
-    subscription = node.description_sub
-    deadline = time.monotonic() + timeout
-    while subscription.get_publisher_count() < 1:
-        assert time.monotonic() < deadline, f"{node.fqn}/description: not matched within {timeout} s"
-        time.sleep(0.02)
+    node.peer.wait_publishers(node.description_sub, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

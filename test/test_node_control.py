@@ -339,11 +339,8 @@ def test_description_partial_streams_the_text_so_far_by_default(vlm_pair: tuple[
     with control_node(tmp_path, vlm_pair, {"cameras": ["front"], "max_new_tokens": 24}) as node:
         partial = node.peer.inbox(String, "/ctl/front/description/partial", qos=100)
         final = node.peer.inbox(String, "/ctl/front/description", qos=100)
-        for sub_topic in (partial, final):
-            deadline = time.monotonic() + 30
-            while node.peer.node.count_publishers(sub_topic.topic) < 1:
-                assert time.monotonic() < deadline, f"{sub_topic.topic} not matched"
-                time.sleep(0.02)
+        for box in (partial, final):
+            node.peer.wait_publishers(box.subscription, timeout=30)
         time.sleep(0.5)
         start = len(node.diag)
         node.publish("front", exact_picture())
