@@ -18,14 +18,16 @@ tower must learn is mostly routing (which third goes to which image token), whic
 
 The image tokens are trained to hold a "soft prompt" the frozen decoder turns into the caption:
 16 slots, five per third of the frame (count, size, colour, shape, position words; "." where the
-third is empty) and an end slot; slot k holds E[word] + offset[k] + delta[word] (E: the decoder's
-own input embeddings). Stages (`--stages`, each saves to --work, so they can run as separate
-commands; "prompt" needs no vision weights and may run beside "keywords"):
+third is empty) and an end slot ("." after objects; "No", the caption's first word, in a frame
+without known objects: one global decision the tower makes and the decoder reads); slot k holds
+E[word] + offset[k] + delta[word] (E: the decoder's own input embeddings). Stages (`--stages`,
+each saves to --work, so they can run as separate commands; "prompt" needs no vision weights and
+may run beside "keywords"):
 1. keywords: tower + connector learn to emit E[word] per slot (offsets and deltas zero) — no
    decoder in the loop, so a step costs ~1/20 of a decoder step. A throw-away linear head on the
    tower's patch outputs also learns, per patch, the colour and the shape of the object covering it
    (or background): a dense, local signal that teaches the tower to see sooner; it is not exported.
-2. prompt: the offsets and deltas (25 x 576 + 16 x 576 numbers) learn, through the frozen decoder,
+2. prompt: the offsets and deltas (26 x 576 + 16 x 576 numbers) learn, through the frozen decoder,
    to make it write the exact caption (cross-entropy on the caption and <|im_end|>), from scene
    descriptions alone (no pixels, no tower). Starting from plain keywords the decoder already got
    62% of the caption tokens right; 50 steps of 16 scenes bring it to ~98%.
