@@ -353,22 +353,24 @@ class RosPeer:
         return self.node.create_publisher(msg_type, topic, qos)
 
     @staticmethod
+    def _wait_matched(count: Callable[[], int], n: int, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while count() < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} matched within {timeout} s")
+            time.sleep(0.02)
+
+    @staticmethod
     def wait_subscribers(publisher: Any, n: int = 1, timeout: float = 20.0) -> None:
         """Until the publisher is matched by n subscriptions (discovery takes 0-3 s here)."""
-        deadline = time.monotonic() + timeout
-        while publisher.get_subscription_count() < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{publisher.topic_name}: no subscriber matched within {timeout} s")
-            time.sleep(0.02)
+        RosPeer._wait_matched(publisher.get_subscription_count, n, timeout,
+                              f"{publisher.topic_name}: no subscriber")
 
     @staticmethod
     def wait_publishers(subscription: Any, n: int = 1, timeout: float = 20.0) -> None:
         """Until the subscription is matched by n publishers."""
-        deadline = time.monotonic() + timeout
-        while subscription.get_publisher_count() < n:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{subscription.topic_name}: no publisher matched within {timeout} s")
-            time.sleep(0.02)
+        RosPeer._wait_matched(subscription.get_publisher_count, n, timeout,
+                              f"{subscription.topic_name}: no publisher")
 
     @staticmethod
     def wait_future(future: Any, timeout: float, what: str) -> Any:
