@@ -471,7 +471,7 @@ def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path],
     """Three cameras at 10 Hz each and one question a second for SOAK_SECONDS: RSS, descriptors and
     threads stay flat (test_soak's bounds and memory measure, after a fifth of the run as warm-up), every camera's
     counters add up with nothing in flight at the end, and every question is answered."""
-    from test_soak import Sampler, Steady, proc_sample
+    from test_soak import Sampler, proc_sample
 
     from edgevlm_interfaces.srv import Ask
 
@@ -510,11 +510,8 @@ def test_soak_three_cameras_and_a_question_a_second(vlm_pair: tuple[Path, Path],
 
         with Sampler(node.child.pid) as sampler:
             run(SOAK_SECONDS, sampler)
-            steady = first_window = Steady.of(sampler.samples[len(sampler.samples) // 5:])
-            if not steady.flat:
-                mark = len(sampler.samples)
-                run(SOAK_SECONDS * 0.8, sampler)
-                steady = Steady.of(sampler.samples[mark:])
+            first_window, steady = sampler.judged(sampler.samples[len(sampler.samples) // 5:],
+                                                  lambda: run(SOAK_SECONDS * 0.8, sampler))
             deadline = time.monotonic() + 60
             while not all(f.done() for f in futures) and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -39,6 +39,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,17 @@ class Sampler:
         self._stop.set()
         self._thread.join(5)
 
+    def judged(self, window: list[tuple[int, float, int, int]], more: Callable[[], None]) -> tuple[Steady, Steady]:
+        """(the window measured, the window the bounds apply to): the same one when its slope is
+        within bounds; else `more()` runs a confirmation window, sampled apart (a leak goes on
+        growing, a one-time step does not)."""
+        first = Steady.of(window)
+        if first.flat:
+            return first, first
+        mark = len(self.samples)
+        more()
+        return first, Steady.of(self.samples[mark:])
+
 
 def test_soak(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
     from diagnostic_msgs.msg import DiagnosticArray
@@ -189,13 +201,8 @@ def test_soak(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
         t0 = time.monotonic()
         with Sampler(child.pid) as sampler:
             send(FRAMES, sampler)
-            # -- memory: the slope after warm-up, or, when that is out of bounds, the slope of a
-            # confirmation window as long (growth that stops was a step, a leak goes on growing)
-            steady = first_window = Steady.of([s for s in sampler.samples if s[0] >= WARMUP])
-            if not steady.flat:
-                mark = len(sampler.samples)
-                send(FRAMES - WARMUP, sampler)
-                steady = Steady.of(sampler.samples[mark:])
+            first_window, steady = sampler.judged([s for s in sampler.samples if s[0] >= WARMUP],
+                                                  lambda: send(FRAMES - WARMUP, sampler))
             send_s = time.monotonic() - t0
             after = node.heartbeat(lambda v: v["state"] != "describing" and v["frames_in_flight"] == "0", 60)
         rss_end, fds_end, threads_end = proc_sample(child.pid)
