@@ -525,8 +525,9 @@ def test_flood_keeps_memory_and_queue_bounded_and_describes_the_newest(system: S
           f"RSS {rss_start:.0f} -> peak {rss_peak:.0f} MiB")
     assert flood_s < seconds * 1.5, f"the publisher itself fell behind: {flood_s:.1f} s"
     # Best effort into a depth-1 reader: DDS itself may overwrite a frame the executor has not
-    # taken yet on this loaded 2-core machine; what the node saw must still be a flood.
-    assert 0.5 * sent <= received <= sent, (received, sent)
+    # taken yet on this loaded 2-core machine, but the executor must keep up with 100 Hz: rclpy's
+    # own MultiThreadedExecutor took 10-30% here (2026-12-03), ours (ros/executor.py) 999-1000.
+    assert 0.8 * sent <= received <= sent, (received, sent)
     assert c["received"] == c["described"] + c["failed"] + c["dropped"] + c["in_flight"], c
     assert max(in_flight) <= 2, in_flight  # one waiting + one being described, never a queue
     assert len(described) >= 3, "the node stopped describing during the flood"

@@ -61,7 +61,7 @@ from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult  # noqa: E402
 from rclpy.callback_groups import ReentrantCallbackGroup  # noqa: E402
 from rclpy.exceptions import ParameterException  # noqa: E402
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor  # noqa: E402
+from rclpy.executors import ExternalShutdownException  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
@@ -71,6 +71,7 @@ from std_msgs.msg import Float64, String  # noqa: E402
 
 from ..engine.latency import AGE, REPORTED_STAGES, TOTAL, LatencyWindow  # noqa: E402
 from . import ask, diagnostics, model_files  # noqa: E402
+from .executor import OnceQueuedExecutor  # noqa: E402
 from .frame_slot import CameraSlots, NewestFrameSlot  # noqa: E402
 from .frame_work import FrameFailure, describe_frame, describe_message, report  # noqa: E402
 from .node_params import PARAMS, NodeParams, ParamError, apply_changes, camera_topic, validate  # noqa: E402
@@ -141,6 +142,7 @@ class VlmNodeCore:
         self._model_files: list[model_files.WatchedFile] = []
         self._entities: list[Any] = []  # what start() created and stop() destroys
         self._ask_group = ReentrantCallbackGroup()
+        self._frame_group = ReentrantCallbackGroup()
         # "robot1/edgevlm: frame": the full name keeps several nodes apart in rqt_runtime_monitor.
         self._diag_name = self.get_fully_qualified_name().lstrip("/")
 
@@ -256,7 +258,8 @@ class VlmNodeCore:
                 json=pub(String, topic("description/json"), OUTPUT_QOS),
                 latency={stage: pub(Float64, topic(f"latency/{stage}_ms"), OUTPUT_QOS)
                          for stage in (*REPORTED_STAGES, AGE)},
-                sub=self.create_subscription(msg_type, topic(p.image_topic), slot.put, image_qos),
+                sub=self.create_subscription(msg_type, topic(p.image_topic), slot.put, image_qos,
+                                            callback_group=self._frame_group),
                 diag_name=f"{self._diag_name}: {name}: frame" if name else f"{self._diag_name}: frame",
             )
             self._cameras[name] = cam
@@ -495,10 +498,10 @@ class EdgeVlmNode(VlmNodeCore, Node):
         self._init_core()
 
 
-def executor_for(params: NodeParams) -> MultiThreadedExecutor:
+def executor_for(params: NodeParams) -> OnceQueuedExecutor:
     """Threads for the callbacks: every waiting question holds one (it waits for its answer), and
     frames, parameters and the heartbeat need theirs."""
-    return MultiThreadedExecutor(num_threads=params.question_queue + 4)
+    return OnceQueuedExecutor(num_threads=params.question_queue + 4)
 
 
 # glibc gives each thread that allocates its own malloc arena (up to 8 per core) and keeps what is
