@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,21 @@ def test_world_covers_its_variation() -> None:
     assert all(any(getattr(f, k) for f in fx) for k in ("light_gain", "blur_sigma", "noise_sigma", "jpeg_quality"))
     brightness = [float(s.image().mean()) for s in scenes[:100]]
     assert min(brightness) < 40 and max(brightness) > 215, "backgrounds from black to white"
+
+
+def test_some_textures_vary_in_hue() -> None:
+    """Half of the blotches and 1/f textures vary in hue (three independent channels: the pixels of
+    the background span RGB space); every other texture lies between its two colours (one axis)."""
+    from edgevlm_ros.demo.scenes import _background_f32, hue_varies
+
+    textured = [s for s in (generate_scene(12, i, 160, 120) for i in range(400)) if s.background.kind == "texture"]
+    varying = [s for s in textured if hue_varies(s.background)]
+    assert 5 <= len(varying) <= len(textured) // 2, (len(varying), len(textured))
+    for s in textured[:40]:
+        img = _background_f32(replace(s.background, noise_sigma=0.0), s.width, s.height).reshape(-1, 3)
+        sv = np.linalg.svd(img - img.mean(0), compute_uv=False)
+        third = sv[2] / max(sv[0], 1e-6)
+        assert (third > 0.05) == hue_varies(s.background), (s.index, s.background.texture, sv)
 
 
 def test_colour_ranges_do_not_overlap() -> None:

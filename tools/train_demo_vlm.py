@@ -744,23 +744,79 @@ def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, p
                      step, args.steps_prompt, loss.item(), tok_acc, seq_acc, time.time() - t0)
     last = hist[-10:]
     n_done = len(hist)
-    # What the decoder writes from the soft prompt alone (a perfect tower), greedy, on held-out scenes
-    # (stream seed + 2) and on a frame without objects.
-    held = [generate_scene(args.seed + 2, i, *frame_size(args.seed + 2, i)) for i in range(16)]
+    exact, n_held, no_objects = probe_prompt(soft, dec, tok, kw, prompt, args.seed)
+    return {"steps": n_done, "scenes": n_done * args.batch2, "next_scene": first_scene + n_done * args.batch2,
+            "lr": args.lr_prompt, "seconds": round(time.time() - t0, 1),
+            "final_token_accuracy_train_avg10": round(float(np.mean([a for a, _ in last])), 4) if last else None,
+            "final_caption_exact_train_avg10": round(float(np.mean([q for _, q in last])), 4) if last else None,
+            "held_out_greedy_captions_exact": f"{exact} / {n_held}", "no_objects_greedy": no_objects,
+            "empty_every": args.prompt_empty_every}
+
+
+def probe_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, prompt: Prompt, seed: int
+                 ) -> tuple[int, int, str]:
+    """What the decoder writes from the soft prompt alone (a perfect tower), greedy, on 16 held-out
+    scenes (stream seed + 2), the first made a frame without objects: (captions exact, scenes, the
+    text for the frame without objects)."""
+    import torch
+
+    held = [generate_scene(seed + 2, i, *frame_size(seed + 2, i)) for i in range(16)]
     held[0] = replace(held[0], objects=(), caption=NO_OBJECTS)
     with torch.no_grad():
         out, _ = greedy_from_features(dec, prompt, soft(torch.tensor([kw.slots(s) for s in held])),
                                       set(tok.eot_ids), MAX_NEW_TOKENS)  # the engine's stop ids
     texts = [tok.decode(t, skip_special=True) for t in out]
     exact = sum(t == s.caption for t, s in zip(texts, held, strict=True))
-    log.info("prompt: greedy from the soft prompt alone: %d / %d held-out captions exact; no objects -> %r",
+    log.info("greedy from the soft prompt alone: %d / %d held-out captions exact; no objects -> %r",
              exact, len(held), texts[0])
-    return {"steps": n_done, "scenes": n_done * args.batch2, "next_scene": first_scene + n_done * args.batch2,
-            "lr": args.lr_prompt, "seconds": round(time.time() - t0, 1),
-            "final_token_accuracy_train_avg10": round(float(np.mean([a for a, _ in last])), 4) if last else None,
-            "final_caption_exact_train_avg10": round(float(np.mean([q for _, q in last])), 4) if last else None,
-            "held_out_greedy_captions_exact": f"{exact} / {len(held)}", "no_objects_greedy": texts[0],
-            "empty_every": args.prompt_empty_every}
+    return exact, len(held), texts[0]
+
+
+def recover_prompt(soft: SoftPrompt, vs: VisionSide, kw: Keywords, args: argparse.Namespace,
+                   cfg: PreprocessConfig) -> dict[str, Any]:
+    """The soft prompt a tower was trained against, estimated from that tower (for when --work lost
+    prompt.pt and no copy was kept): its outputs on training frames, minus each slot keyword's
+    embedding, are fitted as offset[slot] + delta[keyword] by alternating means (least squares),
+    first on every slot, then only on the slots whose nearest target is the right one. The targets
+    E[k] + offset[s] + delta[k] are what the fit determines; a constant moved between the offsets
+    and the deltas changes none of them."""
+    import torch
+
+    for m in vs.modules():
+        m.eval()
+    pool = FramePool(args.seed, args.recover_frames, cfg)
+    pool.fill(args.recover_frames, args.draw_workers)
+    outs, tgts = [], []
+    with torch.no_grad():
+        for start in range(0, args.recover_frames, 32):
+            scenes, px = pool.batch(start, min(32, args.recover_frames - start))
+            outs.append(vs(px))
+            tgts.append(torch.tensor([kw.slots(sc) for sc in scenes]))
+    out, tgt = torch.cat(outs), torch.cat(tgts)  # (N, 16, 576), (N, 16)
+    idx = soft.index[tgt]
+    resid = out - soft.embeddings[tgt]  # offset[slot] + delta[keyword] + the tower's error
+    n_kw = len(kw.vocab)
+    keep = torch.ones_like(idx, dtype=torch.bool)
+    rounds: list[dict[str, float]] = []
+    for _ in range(2):
+        offsets = torch.zeros_like(soft.offsets)
+        deltas = torch.zeros_like(soft.deltas)
+        w = keep.float().unsqueeze(-1)
+        for _ in range(20):
+            offsets = ((resid - deltas[idx]) * w).sum(0) / w.sum(0).clamp(min=1)
+            r = ((resid - offsets.unsqueeze(0)) * w).reshape(-1, resid.shape[-1])
+            count = torch.zeros(n_kw).index_add_(0, idx.reshape(-1), keep.float().reshape(-1)).clamp(min=1)
+            deltas = torch.zeros(n_kw, resid.shape[-1]).index_add_(0, idx.reshape(-1), r) / count.unsqueeze(-1)
+        with torch.no_grad():
+            soft.offsets.copy_(offsets)
+            soft.deltas.copy_(deltas)
+            pred = (-(out.unsqueeze(-2) - soft.candidates()).pow(2).sum(-1)).argmax(-1)
+        right = pred == idx
+        rounds.append({"slots_used": int(keep.sum()), "slot_accuracy": round(float(right.float().mean()), 4)})
+        log.info("recover-prompt: fit on %d slots; the tower's slot accuracy against it %.4f", int(keep.sum()),
+                 float(right.float().mean()))
+        keep = right
+    return {"frames": args.recover_frames, "rounds": rounds, "from_mmproj": str(args.regress_from_mmproj)}
 
 
 def caption_loss(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scenes: Sequence[Scene]
@@ -1068,7 +1124,7 @@ def command(argv: Sequence[str] | None) -> str:
     return " ".join([".venv/bin/python tools/train_demo_vlm.py", *(argv if argv is not None else sys.argv[1:])])
 
 
-STAGES = ("keywords", "prompt", "regress", "caption", "eval")
+STAGES = ("keywords", "recover-prompt", "prompt", "regress", "caption", "eval")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1115,6 +1171,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--regress-from-mmproj", type=Path, default=None,
                    help="regress stage: start from the tower and connector of an mmproj GGUF written by export() "
                         "(e.g. the shipped edgevlm_ros/data/edgevlm-demo-mmproj-f16.gguf)")
+    p.add_argument("--recover-frames", type=int, default=2048,
+                   help="recover-prompt stage: training frames the soft prompt is estimated from")
     p.add_argument("--steps2", type=int, default=0, help="caption stage steps (0: skip)")
     p.add_argument("--batch2", type=int, default=16, help="decoder stages batch")
     p.add_argument("--lr2", type=float, default=1e-4)
@@ -1173,6 +1231,30 @@ def _first_start(rec: dict[str, Any] | None) -> str:
     return (rec or {}).get("started_from", "")
 
 
+# The soft prompt the shipped mmproj was trained against (the eval stage writes it beside the model):
+# a later run in a fresh --work starts from it. Training state only; nothing at run time reads it.
+COMMITTED_PROMPT = ROOT / "tools" / "demo-soft-prompt.npz"
+
+
+def saved_prompt(work: Path) -> dict[str, Any]:
+    """The soft prompt of --work (prompt.pt), else the committed one (COMMITTED_PROMPT)."""
+    import torch
+
+    if (work / "prompt.pt").exists():
+        return torch.load(work / "prompt.pt")
+    if COMMITTED_PROMPT.exists():
+        with np.load(COMMITTED_PROMPT) as z:
+            return {"offsets": torch.from_numpy(z["offsets"]), "deltas": torch.from_numpy(z["deltas"]),
+                    "vocab": [int(t) for t in z["vocab"]]}
+    raise SystemExit(f"no soft prompt in {work} nor {COMMITTED_PROMPT.relative_to(ROOT)}: run the prompt stage, or "
+                     "recover the shipped model's (--stages recover-prompt --regress-from-mmproj <its mmproj>)")
+
+
+def write_committed_prompt(state: dict[str, Any]) -> None:
+    np.savez(COMMITTED_PROMPT, offsets=state["offsets"].numpy().astype(np.float32),
+             deltas=state["deltas"].numpy().astype(np.float32), vocab=np.asarray(state["vocab"], np.int64))
+
+
 def _latest_vision(work: Path) -> Path | None:
     for name in ("caption.pt", "regress.pt", "stage1.pt"):
         if (work / name).exists():
@@ -1216,10 +1298,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                time.time() + 60 * args.minutes1)
             torch.save(vs.state_dict(), args.work / "stage1.pt")
             finish(stage, rec, t0)
+        elif stage == "recover-prompt":
+            if args.regress_from_mmproj is None:
+                raise SystemExit("recover-prompt: name the model whose prompt to recover (--regress-from-mmproj)")
+            load_mmproj(vs, args.regress_from_mmproj)
+            rec = recover_prompt(soft, vs, kw, args, cfg)
+            exact, n_held, no_objects = probe_prompt(soft, dec, tok, kw, prompts[0], args.seed)
+            rec |= {"held_out_greedy_captions_exact": f"{exact} / {n_held}", "no_objects_greedy": no_objects}
+            torch.save(soft.state(), args.work / "prompt.pt")
+            finish(stage, rec, t0)
         elif stage == "prompt":
             earlier = None
             if args.continue_prompt:  # another run of this stage, starting where the saved one ended
-                new_words = soft.load(torch.load(args.work / "prompt.pt"))
+                new_words = soft.load(saved_prompt(args.work))
                 if new_words:
                     log.info("prompt: keywords new since the saved soft prompt (deltas start at zero): %s",
                              [tok.decode([t]) for t in new_words])
@@ -1251,7 +1342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 (args.work / WARM_START_RECORD).write_text(json.dumps(earlier, indent=2))
             elif not args.regress_from_scratch:
                 vs.load_state_dict(torch.load(args.work / "stage1.pt"))
-            if soft.load(torch.load(args.work / "prompt.pt")):
+            if soft.load(saved_prompt(args.work)):
                 raise SystemExit("regress: the saved soft prompt predates the keyword vocabulary; run the prompt "
                                  "stage (--continue-prompt) first")
             rec = train_vision("regress", vs, soft, kw, args, cfg, args.steps3, args.lr3,
@@ -1295,6 +1386,7 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
     for m in vs.modules():
         m.eval()
     out = export(vs, config, args.work / "hf", args.out)
+    write_committed_prompt(saved_prompt(args.work))
     round_like_f16_file(vs)
     log.info("wrote %s (%.1f MB) from %s; evaluating", out, out.stat().st_size / 1e6, weights.name)
     evals = [evaluate(out, text_gguf, vs, dec, tok, prompts[0], args, cfg, args.eval_frames)]
@@ -1319,6 +1411,8 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
     stages = {name: _stage_record(args.work, name) for name in STAGES[:-1]}
     used = {"caption.pt": ["keywords", "prompt", "regress", "caption"], "regress.pt": ["keywords", "prompt", "regress"],
             "stage1.pt": ["keywords"]}[weights.name]
+    if stages.get("recover-prompt") and "prompt" in used:  # the prompt was recovered from the starting model
+        used.insert(used.index("prompt"), "recover-prompt")
     first = _first_start(stages.get("regress")) if weights.name != "stage1.pt" else ""
     warm_start = None
     if first.startswith(("a fresh tower", "the tower of")):

@@ -10,8 +10,9 @@ The world has the variation a camera brings, so that the model learns colours an
 than one way of drawing them:
 
 - backgrounds of any colour from black to white, plain, gradients, a floor under a wall, sensor
-  noise, textures (stripes, checks, blotches, 1/f "natural image" noise) and clutter (thin lines,
-  scribbles, specks: nothing of the vocabulary);
+  noise, textures (stripes, checks, blotches, 1/f "natural image" noise; half of the blotches and
+  1/f textures vary in hue too, each channel a field of its own) and clutter (thin lines, scribbles,
+  specks: nothing of the vocabulary);
 - objects from small (radius ``SIZE_RADIUS["small"]`` of the frame's scale) to filling half the
   frame, anywhere in their third, at any rotation, with anti-aliased or hard edges, with or without
   an outline, lit by a gradient; each colour name covers a range of hue, saturation and value
@@ -301,8 +302,26 @@ def _draw_object(canvas: np.ndarray, obj: SceneObject) -> None:
         region[:] = region * (1 - a) + np.asarray(obj.outline, np.float32)[None, None] * a
 
 
+def hue_varies(bg: Background) -> bool:
+    """Whether a blotches or 1/f texture varies in hue (each RGB channel a field of its own) rather
+    than between two colours (the independent world's blurred random-RGB frames were the ones the
+    demo model took for objects). Decided by the background's own seed, so that adding it
+    (2026-12-03) left every other scene as it was; of the hue-varying ones, a few (2 of 27 in 600
+    frames) drew their objects again under the contrast rule."""
+    return bg.kind == "texture" and bg.texture in ("blotches", "natural") and bg.noise_seed % 2 == 0
+
+
 def _texture(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
-    """A texture in -1..1 (height, width)."""
+    """A texture in -1..1, (height, width, 1), or (height, width, 3) when hue_varies(bg)."""
+    if hue_varies(bg):
+        plain = Background(bg.kind, bg.colour_a, bg.colour_b, bg.direction, bg.noise_sigma, bg.noise_seed + 1,
+                           bg.texture, bg.period, bg.contrast)
+        return np.concatenate([_texture(plain, width, height, rng) for _ in range(3)], axis=2)
+    return _texture_1(bg, width, height, rng)[..., None]
+
+
+def _texture_1(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
+    """A one-channel texture in -1..1 (height, width)."""
     scale = frame_scale(width, height)
     period = max(bg.period * scale, 3.0)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -375,8 +394,11 @@ def _background_f32(bg: Background, width: int, height: int) -> np.ndarray:
         img[horizon:] = b[None, None] * (0.85 + 0.15 * depth[..., None])
         img[max(horizon - 2, 0) : horizon + 1] = 0.6 * a
     elif bg.kind == "texture":
-        t = _texture(bg, width, height, rng)[..., None]
-        img = (a + b)[None, None] / 2 + t * ((b - a)[None, None] / 2)
+        t = _texture(bg, width, height, rng)
+        if t.shape[2] == 3:  # hue varies: each channel swings by the texture's contrast around the mid colour
+            img = (a + b)[None, None] / 2 + t * (bg.contrast * 255.0)
+        else:
+            img = (a + b)[None, None] / 2 + t * ((b - a)[None, None] / 2)
     else:
         img = np.empty((height, width, 3), dtype=np.float32)
         img[:] = a
