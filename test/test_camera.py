@@ -81,7 +81,7 @@ def test_open_source_names(tmp_path: Path) -> None:
     assert isinstance(open_source("scenes"), SceneSource)
     with pytest.raises(SourceError, match="no images"):
         open_source(str(tmp_path))
-    with pytest.raises(SourceError, match="not 'scenes', a folder"):
+    with pytest.raises(SourceError, match="not 'scenes', 'drift', a folder"):
         open_source(str(tmp_path / "missing"))
     (tmp_path / "x.mp4").write_bytes(b"nonsense")
     with pytest.raises(SourceError, match="cannot open video file"):
@@ -98,6 +98,63 @@ def test_caption_message_rebuilds_the_scene() -> None:
     assert json.loads(text)["caption"] == scene.caption
     stamp, again = scene_from_caption(text)
     assert stamp == (17, 5) and again == scene
+
+
+def test_drift_view_changes_slowly_and_keeps_the_worlds_rules() -> None:
+    """A drift view at 5 frames/s over 300 frames: captions hold for seconds and change when a group
+    appears or vanishes (every 2-6 s); objects move between frames; every frame keeps the scene
+    stream's rules; frame i is the same whether asked first or after the others."""
+    from edgevlm_ros.demo.drift import DRIFT_HOLD_S, MAX_OBJECTS, DriftStream
+    from edgevlm_ros.demo.scenes import (
+        MIN_VISIBLE,
+        POSITIONS,
+        _contrast_ok,
+        _object_mask,
+        _paint_background,
+        caption_for,
+        visible_fractions,
+    )
+
+    fps, n = 5.0, 300
+    stream = DriftStream(7, 320, 240, fps=fps)
+    frames = [stream.scene(i) for i in range(n)]
+    assert DriftStream(7, 320, 240, fps=fps).scene(n - 1) == frames[-1]
+    changes = [i for i in range(1, n) if frames[i].caption != frames[i - 1].caption]
+    runs = np.diff([0, *changes, n])
+    assert len(changes) >= n / fps / DRIFT_HOLD_S[1] - 1, changes
+    assert min(runs[:-1]) >= DRIFT_HOLD_S[0] * fps - 1, runs  # a set of objects holds for seconds
+    assert len({f.caption for f in frames}) >= 4
+    moved = sum(f.objects != g.objects for f, g in zip(frames, frames[1:], strict=False) if f.objects and
+                f.caption == g.caption)
+    assert moved > n / 2, "objects should move a little from frame to frame"
+    bg = _paint_background(frames[0].background, 320, 240)
+    for f in frames[::3]:
+        assert f.caption == caption_for(f.objects) and f.n_objects <= MAX_OBJECTS
+        for third in POSITIONS:
+            kinds = {(o.shape, o.colour, o.size) for o in f.objects if o.position == third}
+            assert len(kinds) <= 1, (f.index, third, kinds)
+        for o in f.objects:
+            lo, hi = POSITIONS.index(o.position) / 3 * 320, (POSITIONS.index(o.position) + 1) / 3 * 320
+            assert lo <= o.cx <= hi, (f.index, o)
+        if f.objects:
+            masks = [_object_mask(o, 320, 240) for o in f.objects]
+            assert min(visible_fractions(f.objects, masks)) >= MIN_VISIBLE
+            assert all(_contrast_ok(bg, o, m) for o, m in zip(f.objects, masks, strict=True))
+    with pytest.raises(ValueError, match="fps"):
+        DriftStream(7, fps=0)
+
+
+def test_drift_source_and_its_caption_message() -> None:
+    from edgevlm_ros.demo.sources import DriftSource
+
+    src = open_source("drift", seed=3, rate=10.0, start=40)
+    assert isinstance(src, DriftSource)
+    frame = src.read()
+    assert frame.index == 40 and frame.scene is not None and frame.rgb.shape == (240, 320, 3)
+    text = caption_message(frame.scene, 1, 2, "camera", drift_fps=10.0)
+    stamp, again = scene_from_caption(text)
+    assert stamp == (1, 2) and again == frame.scene
+    assert np.array_equal(again.image(), frame.rgb)
 
 
 def test_split_ros_args() -> None:
@@ -118,11 +175,14 @@ def test_bad_source_is_one_line_and_exit_2(tmp_path: Path) -> None:
 # -- over DDS -----------------------------------------------------------------------------------------
 
 
-def test_publisher_over_dds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["scenes", "drift"])
+def test_publisher_over_dds(tmp_path: Path, source: str) -> None:
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from ros_helpers import Child, RosPeer, random_domain_id, ros_env
     from sensor_msgs.msg import Image
     from std_msgs.msg import String
+
+    from edgevlm_ros.demo.drift import DriftStream
 
     domain = random_domain_id()
     peer = RosPeer(domain)
@@ -131,7 +191,9 @@ def test_publisher_over_dds(tmp_path: Path) -> None:
         images = peer.inbox(Image, "/cam1/image", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
         captions = peer.inbox(String, "/cam1/image/caption", QoSProfile(depth=10,
                                                                         reliability=ReliabilityPolicy.RELIABLE))
-        cmd = [sys.executable, "-m", "edgevlm_ros.ros.camera", "--frames", "4", "--rate", "10", "--seed", "3",
+        expected = (lambda i: generate_scene(3, i, 320, 240)) if source == "scenes" else DriftStream(3, fps=10).scene
+        cmd = [sys.executable, "-m", "edgevlm_ros.ros.camera", "--source", source, "--frames", "4", "--rate", "10",
+               "--seed", "3",
                "--wait-subscribers", "1", "--wait-caption-subscribers", "1", "--frame-id", "cam_optical",
                "--reliable", "--depth", "10", "--ros-args", "-r", "__ns:=/cam1"]
         with Child(cmd, ros_env(domain, tmp_path / "log"), "camera") as cam:
@@ -141,7 +203,7 @@ def test_publisher_over_dds(tmp_path: Path) -> None:
             assert "published 4 frames" in cam.output()
         stamps = []
         for i, msg in enumerate(got):
-            scene = generate_scene(3, i, 320, 240)
+            scene = expected(i)
             assert (msg.encoding, msg.width, msg.height, msg.step) == ("rgb8", 320, 240, 960)
             assert msg.header.frame_id == "cam_optical"
             assert np.array_equal(np.frombuffer(bytes(msg.data), np.uint8).reshape(240, 320, 3), scene.image())
@@ -150,7 +212,7 @@ def test_publisher_over_dds(tmp_path: Path) -> None:
         # Ground truth: one per frame, the same stamp, the same scene.
         for msg, stamp, i in zip(caps, stamps, range(4), strict=True):
             cap_stamp, scene = scene_from_caption(msg.data)
-            assert cap_stamp == stamp and scene == generate_scene(3, i, 320, 240)
+            assert cap_stamp == stamp and scene == expected(i)
             assert json.loads(msg.data)["frame_id"] == "cam_optical"
     finally:
         peer.close()

@@ -543,9 +543,11 @@ def test_convert_mmproj_equals_the_mmproj_of_convert(tmp_path: Path) -> None:
 # -- the demo command ---------------------------------------------------------------------------------
 
 
-def test_demo_command_describes_frames_and_summarises(demo_text: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["scenes", "drift"])
+def test_demo_command_describes_frames_and_summarises(demo_text: Path, tmp_path: Path, source: str) -> None:
     """`edgevlm demo --frames N` end to end: camera publisher, node and monitor as ROS 2 processes
-    over DDS (localhost discovery, a domain of this run), then the summary as JSON."""
+    over DDS (localhost discovery, a domain of this run), then the summary as JSON; with the default
+    camera and with the slowly changing view (--source drift), scored against its own ground truth."""
     import subprocess
 
     from ros_helpers import random_domain_id, ros_env
@@ -554,8 +556,9 @@ def test_demo_command_describes_frames_and_summarises(demo_text: Path, tmp_path:
 
     assert DEMO_MMPROJ_PATH.exists()
     frames = 4
+    extra = ["--source", source] if source != "scenes" else []  # the default is tested as it is
     r = subprocess.run([sys.executable, "-m", "edgevlm_ros.cli", "demo", "--frames", str(frames), "--json",
-                        "--timeout", "240"], env=ros_env(random_domain_id(), tmp_path / "log"), cwd=ROOT,
+                        "--timeout", "240", *extra], env=ros_env(random_domain_id(), tmp_path / "log"), cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
@@ -563,8 +566,11 @@ def test_demo_command_describes_frames_and_summarises(demo_text: Path, tmp_path:
     # The ground truth of every described frame reached the monitor (transient local captions: even
     # of frames published before the monitor matched; a CI run under load once lost all four).
     assert summary["frames_unmatched"] == 0, summary
-    # Every described frame was matched with its ground truth and scored; the model is the real one.
-    assert summary["objects_fully_right"] >= 0.5 and summary["count_right"] >= 0.5, summary
+    # Every described frame was matched with its ground truth and scored; the model is the real one
+    # (judged on the default camera's frames: a drift view's 4 frames are one scene, moved a little).
+    assert 0 <= summary["objects_fully_right"] <= 1 and 0 <= summary["count_right"] <= 1, summary
+    if source == "scenes":
+        assert summary["objects_fully_right"] >= 0.5 and summary["count_right"] >= 0.5, summary
     assert set(summary["latency_ms"]) >= {"preprocess", "vision", "prefill", "decode", "total"}
     assert all(v["p50"] > 0 for v in summary["latency_ms"].values())
     counters = summary["node_counters"]

@@ -4,6 +4,8 @@ that goes out beside a generated frame. `ros/camera.py` publishes what these yie
 
 Sources (`open_source(spec)`):
   scenes               frame i of scene stream `seed`, `size` (default 320x240); endless
+  drift                a slowly changing view (`demo.drift`): stream `seed`'s first scene, objects
+                       moving a little, one group appearing or vanishing every 2-6 s at `rate`; endless
   DIR                  the images of a folder (png, jpg, bmp, ppm/pgm, tif, webp), in name order
   FILE                 a video file (anything OpenCV's FFmpeg backend reads)
   /dev/videoN, v4l2:N  a V4L2 device through OpenCV (`size` asks the driver for that size)
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .drift import DriftStream
 from .scenes import Scene, generate_scene
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "DEFAULT_SEED",
     "DEFAULT_SIZE",
     "DeviceSource",
+    "DriftSource",
     "FolderSource",
     "Frame",
     "FrameSource",
@@ -107,6 +111,23 @@ class SceneSource(FrameSource):
 
     def read(self) -> Frame:
         scene = generate_scene(self.seed, self.next_index, *self.size)
+        self.next_index += 1
+        return Frame(scene.image(), scene.index, scene)
+
+
+class DriftSource(FrameSource):
+    """Frames start, start + 1, ... of a slowly changing view (demo.drift) at `rate` frames a second;
+    endless."""
+
+    name = "drift"
+
+    def __init__(self, seed: int = DEFAULT_SEED, size: tuple[int, int] = DEFAULT_SIZE, start: int = 0,
+                 rate: float = 5.0) -> None:
+        self.stream = DriftStream(int(seed), *size, fps=rate)
+        self.next_index = int(start)
+
+    def read(self) -> Frame:
+        scene = self.stream.scene(self.next_index)
         self.next_index += 1
         return Frame(scene.image(), scene.index, scene)
 
@@ -198,19 +219,22 @@ _V4L2 = re.compile(r"^(?:v4l2:(?P<n>\d+)|(?P<dev>/dev/video\d+))$")
 
 
 def open_source(spec: str, *, seed: int = DEFAULT_SEED, size: tuple[int, int] | None = None, start: int = 0,
-                loop: bool = False) -> FrameSource:
-    """`scenes`, a folder, a video file, `/dev/videoN` or `v4l2:N` (see the module docstring)."""
+                loop: bool = False, rate: float = 5.0) -> FrameSource:
+    """`scenes`, `drift`, a folder, a video file, `/dev/videoN` or `v4l2:N` (see the module docstring);
+    rate: frames per second (drift's motion is in seconds)."""
     m = _V4L2.match(spec)
     if m:
         return DeviceSource(int(m.group("n")) if m.group("n") else m.group("dev"), size=size)
     if spec == "scenes":
         return SceneSource(seed, size or DEFAULT_SIZE, start)
+    if spec == "drift":
+        return DriftSource(seed, size or DEFAULT_SIZE, start, rate)
     path = Path(spec)
     if path.is_dir():
         return FolderSource(path, loop=loop, size=size)
     if path.is_file():
         return VideoSource(path, loop=loop, size=size)
-    raise SourceError(f"source '{spec}' is not 'scenes', a folder, a video file, /dev/videoN or v4l2:N")
+    raise SourceError(f"source '{spec}' is not 'scenes', 'drift', a folder, a video file, /dev/videoN or v4l2:N")
 
 
 # -- the caption message ------------------------------------------------------------------------------
@@ -218,17 +242,31 @@ CAPTION_DEPTH = 100  # image/caption history kept for late subscribers (transien
 
 
 
-def caption_message(scene: Scene, sec: int, nanosec: int, frame_id: str) -> str:
-    """The JSON text published on image/caption for a generated frame."""
-    return json.dumps({"stamp": {"sec": sec, "nanosec": nanosec}, "frame_id": frame_id, "index": scene.index,
-                       "seed": scene.seed, "width": scene.width, "height": scene.height,
-                       "caption": scene.caption}, separators=(",", ":"))
+def caption_message(scene: Scene, sec: int, nanosec: int, frame_id: str, drift_fps: float | None = None) -> str:
+    """The JSON text published on image/caption for a generated frame; drift_fps: the frame is one
+    of a drift view at that rate (the message says so: "drift_fps")."""
+    data = {"stamp": {"sec": sec, "nanosec": nanosec}, "frame_id": frame_id, "index": scene.index,
+            "seed": scene.seed, "width": scene.width, "height": scene.height, "caption": scene.caption}
+    if drift_fps is not None:
+        data["drift_fps"] = drift_fps
+    return json.dumps(data, separators=(",", ":"))
+
+
+_drift_streams: dict[tuple[int, int, int, float], DriftStream] = {}
 
 
 def scene_from_caption(text: str) -> tuple[tuple[int, int], Scene]:
     """((sec, nanosec), scene) from an image/caption message: the scene is generated again, exactly."""
     data = json.loads(text)
-    scene = generate_scene(int(data["seed"]), int(data["index"]), int(data["width"]), int(data["height"]))
+    seed, index, width, height = int(data["seed"]), int(data["index"]), int(data["width"]), int(data["height"])
+    if "drift_fps" in data:
+        key = (seed, width, height, float(data["drift_fps"]))
+        if key not in _drift_streams:  # one per view: a stream works its timeline out once
+            _drift_streams.clear()
+            _drift_streams[key] = DriftStream(seed, width, height, fps=key[3])
+        scene = _drift_streams[key].scene(index)
+    else:
+        scene = generate_scene(seed, index, width, height)
     if scene.caption != data["caption"]:
         raise ValueError("caption message does not match its scene (another scenes.py version?)")
     return (int(data["stamp"]["sec"]), int(data["stamp"]["nanosec"])), scene

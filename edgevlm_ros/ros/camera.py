@@ -5,6 +5,9 @@
 Sources (`--source`):
   scenes (default)     the synthetic world of `edgevlm_ros.demo.scenes` (what the demo model knows), frame i of
                        stream `--seed`, `--size` (default 320x240); the ground truth goes out beside it
+  drift                a slowly changing view of that world, as a robot's camera has (`demo.drift`): stream
+                       `--seed`'s first scene, objects moving a little, a group appearing or vanishing every
+                       2-6 s at `--rate`; ground truth as for scenes
   DIR                  the images of a folder (png, jpg, bmp, ppm/pgm, tif, webp), in name order
   FILE                 a video file (anything OpenCV's FFmpeg backend reads)
   /dev/videoN, v4l2:N  a V4L2 device through OpenCV (`--size` asks the driver for that size)
@@ -15,11 +18,12 @@ Topics (relative, so `--ros-args -r __ns:=/robot1` or a remap moves them; `--top
   image          sensor_msgs/Image, encoding rgb8, header.stamp = the node clock when the frame was
                  taken (so `use_sim_time` works), header.frame_id = `--frame-id` (default "camera").
                  QoS: best effort, keep last 1 (`--reliable`, `--depth` change it).
-  image/caption  std_msgs/String, scenes only, one per frame, reliable, transient local, keep-last
+  image/caption  std_msgs/String, scenes and drift only, one per frame, reliable, transient local, keep-last
                  100 (a subscriber that joins late gets the recent ones): a JSON object
                  {"stamp": {"sec", "nanosec"}, "frame_id", "index", "seed", "width", "height",
-                 "caption"} whose stamp equals the image's. A subscriber joins the two on the stamp
-                 and can rebuild the whole scene (to score a description) with `scene_from_caption()`.
+                 "caption"} (drift adds "drift_fps") whose stamp equals the image's. A subscriber
+                 joins the two on the stamp and can rebuild the whole scene (to score a description)
+                 with `scene_from_caption()`.
                  The stamp identifies the frame; header.frame_id stays a coordinate frame name, as
                  REP 103 wants, rather than carrying text.
 
@@ -44,6 +48,7 @@ import numpy as np
 from ..demo.sources import (
     CAPTION_DEPTH,
     DEFAULT_SEED,
+    DriftSource,
     FrameSource,
     SceneSource,
     SourceError,
@@ -78,8 +83,8 @@ def _rate(text: str) -> float:
 def add_camera_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the `camera` arguments to a (sub)parser (see the module docstring)."""
     parser.add_argument("--source", default="scenes",
-                        help="scenes (default: the demo world), a folder of images, a video file, "
-                        "/dev/videoN or v4l2:N")
+                        help="scenes (default: the demo world), drift (a slowly changing view of it), a folder "
+                        "of images, a video file, /dev/videoN or v4l2:N")
     parser.add_argument("--rate", type=_rate, default=5.0, help="frames per second (default 5)")
     parser.add_argument("--frames", type=non_negative_int, default=0,
                         help="stop after this many frames (default 0: never)")
@@ -131,7 +136,7 @@ def _publish_loop(node: Any, source: FrameSource, args: argparse.Namespace, stat
                                                                     depth=max(args.depth, 1),
                                                                     reliability=reliability))
     caption_pub = None
-    if isinstance(source, SceneSource):
+    if isinstance(source, (SceneSource, DriftSource)):
         caption_topic = args.caption_topic or f"{args.topic}/caption"
         # Transient local: a monitor that joins late (slow discovery on a busy machine) still gets
         # the ground truth of the frames published before it matched.
@@ -170,7 +175,9 @@ def _publish_loop(node: Any, source: FrameSource, args: argparse.Namespace, stat
         msg.header.frame_id = args.frame_id
         image_pub.publish(msg)
         if caption_pub is not None and frame.scene is not None:
-            caption_pub.publish(String(data=caption_message(frame.scene, stamp.sec, stamp.nanosec, args.frame_id)))
+            drift_fps = source.stream.fps if isinstance(source, DriftSource) else None
+            caption_pub.publish(String(data=caption_message(frame.scene, stamp.sec, stamp.nanosec, args.frame_id,
+                                                            drift_fps)))
         stats.published += 1
         i += 1
         if not args.quiet:
@@ -193,7 +200,8 @@ def run_camera(args: argparse.Namespace) -> int:
     import signal
 
     try:
-        source = open_source(args.source, seed=args.seed, size=args.size, start=args.start, loop=args.loop)
+        source = open_source(args.source, seed=args.seed, size=args.size, start=args.start, loop=args.loop,
+                             rate=args.rate)
     except (SourceError, ValueError, OSError) as exc:
         print(f"edgevlm camera: error: {exc}", file=sys.stderr)
         return 2

@@ -39,6 +39,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--threads", type=non_negative_int, default=0, help="engine threads (0: the machine's cores)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="token budget per frame (32)")
     parser.add_argument("--seed", type=int, default=None, help="scene stream seed (default: the camera's)")
+    parser.add_argument("--source", choices=("scenes", "drift"), default="scenes",
+                        help="scenes: a new scene every frame (default); drift: a slowly changing view, as a "
+                        "robot's camera has")
     parser.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     return parser
@@ -60,7 +63,7 @@ def _start_children(args: argparse.Namespace, text_model: Path, mmproj: Path, en
     """The node and the camera as process groups of their own; their stderr goes to files in
     log_dir (a pipe nobody reads would fill and stop a child that logs for hours)."""
     py = sys.executable
-    camera = [py, "-m", "edgevlm_ros.cli", "camera", "--rate", str(args.rate)]
+    camera = [py, "-m", "edgevlm_ros.cli", "camera", "--rate", str(args.rate), "--source", args.source]
     if args.seed is not None:
         camera += ["--seed", str(args.seed)]
     node = [py, "-m", "edgevlm_ros.ros.node", "--ros-args", "-r", "__node:=edgevlm",
