@@ -351,7 +351,7 @@ PYBIND11_MODULE(_engine, m) {
            "Appends tokens to the sequence (the rows at `slots` take the rows of `features`, shape (len(slots), "
            "n_embd): an image); returns the last position's logits, or every position's.")
         .def("generate", [](Decoder& mdl, py::object prompt, int64_t max_new, std::vector<int32_t> stop_ids, double max_ms,
-                            std::shared_ptr<TokenConstraint> constraint) {
+                            std::shared_ptr<TokenConstraint> constraint, std::optional<std::vector<int32_t>> lookup) {
             if (max_new < 0) throw py::value_error("max_new_tokens must be >= 0");
             // A Prompt starts from its prefix (or an empty sequence); bare ids go on the sequence as it stands.
             Prompt bare;
@@ -371,7 +371,7 @@ PYBIND11_MODULE(_engine, m) {
                 else if (request) mdl.reset();
                 const double start_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
                 mdl.generate(p.input(), max_new, stop_ids, max_ms > 0 ? std::max(max_ms - start_ms, 1e-6) : 0.0, r,
-                             constraint.get());
+                             constraint.get(), lookup ? &*lookup : nullptr);
                 r.prefill_ms += start_ms;
             }
             py::dict d;
@@ -380,13 +380,18 @@ PYBIND11_MODULE(_engine, m) {
             d["prefill_ms"] = r.prefill_ms;
             d["decode_ms"] = r.decode_ms;
             d["n_prompt"] = r.n_prompt;
+            d["spec_passes"] = r.spec_passes;
+            d["spec_drafted"] = r.spec_drafted;
+            d["spec_accepted"] = r.spec_accepted;
             return d;
         }, py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::arg("max_ms") = 0.0,
-           py::arg("constraint") = nullptr,
+           py::arg("constraint") = nullptr, py::arg("lookup") = py::none(),
            "Greedy decoding after prefilling prompt: a Prompt (restored prefix or empty sequence first, image "
            "features at their slots) or token ids (appended to the sequence as it stands). The stop token is not "
            "returned; prefill_ms includes restoring the prefix. With a `constraint` (Choices: the answer is one of "
-           "them; JsonSchema: the answer is JSON valid against it), stop_reason 'complete' where nothing may follow.")
+           "them; JsonSchema: the answer is JSON valid against it), stop_reason 'complete' where nothing may follow. "
+           "lookup (speculation, token ids of earlier answers, -1 between two): drafts from it are verified in "
+           "decode-phase passes; the tokens are plain greedy's (spec_passes, spec_drafted, spec_accepted count it).")
         .def("cancel", [](Decoder& mdl, bool on) { mdl.cancel(on); }, py::arg("on") = true,
              py::call_guard<py::gil_scoped_release>(),
              "From any thread: generate() stops before its next token with stop_reason 'cancelled' "

@@ -87,10 +87,14 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
              image_token_id: int | None = None, max_new_tokens: int = 64, deadline_ms: float | None = None,
              t0: float | None = None, stages_ms: Mapping[str, float] | None = None,
              constraint: Any = None, on_partial: Callable[[str, int], None] | None = None,
-             partial_every: int = 0) -> GenerationResult:
+             partial_every: int = 0, drafts_from: Sequence[Sequence[int]] | None = None) -> GenerationResult:
     """Greedy generation after the prompt `ids`: restore the prefix state if ids extend it (else an
     empty sequence), prefill the rest with `features` rows at the positions of `image_token_id`,
     decode, detokenize.
+
+    drafts_from: token ids of earlier answers (e.g. this camera's last descriptions): speculation
+    drafts from them and verifies the drafts in decode-phase passes; the tokens are the same as
+    without (the engine's Decoder.generate, `lookup`). Ignored with a constraint.
 
     t0 (perf_counter seconds): when the request began, so that `total` and the deadline cover the
     stages done before (stages_ms: preprocess, vision, tokenize), which come first in timings_ms.
@@ -117,11 +121,12 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     budget = 0.0
     if deadline_ms is not None and deadline_ms > 0:  # the deadline covers the whole request
         budget = max(deadline_ms - (time.perf_counter() - t0) * 1e3, 1e-6)
+    lookup = lookup_ids(drafts_from) if drafts_from and constraint is None else None
     if on_partial is not None and partial_every > 0:
         with _Streamer(native, tokenizer, on_partial, partial_every):
-            r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint)
+            r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint, lookup)
     else:
-        r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint)
+        r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint, lookup)
     t1 = time.perf_counter()
     text = tokenizer.decode(r["tokens"], skip_special=True)
     t2 = time.perf_counter()
@@ -137,7 +142,20 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
         on_partial(text, len(r["tokens"]))
     steps = max(len(r["tokens"]) - 1, 0)
     tps = steps / (r["decode_ms"] / 1e3) if steps and r["decode_ms"] > 0 else 0.0
-    return GenerationResult(text, list(r["tokens"]), ids, timings, r["stop_reason"], tps, cached)
+    result = GenerationResult(text, list(r["tokens"]), ids, timings, r["stop_reason"], tps, cached)
+    if lookup is not None:
+        result.extra["speculation"] = {k: int(r[f"spec_{k}"]) for k in ("passes", "drafted", "accepted")}
+    return result
+
+
+def lookup_ids(answers: Sequence[Sequence[int]]) -> list[int]:
+    """The engine's speculation lookup: the answers' token ids, -1 between two."""
+    out: list[int] = []
+    for a in answers:
+        if out:
+            out.append(-1)
+        out.extend(int(t) for t in a)
+    return out
 
 
 class _Streamer:

@@ -158,25 +158,30 @@ class TextModel:
 
     def generate_ids(self, token_ids: Sequence[int], max_new_tokens: int = 64, prefix: PrefixState | None = None,
                      deadline_ms: float | None = None, choices: Sequence[str] | None = None,
-                     schema: Mapping[str, Any] | str | bytes | None = None) -> GenerationResult:
+                     schema: Mapping[str, Any] | str | bytes | None = None,
+                     drafts_from: Sequence[Sequence[int]] | None = None) -> GenerationResult:
         """Greedy generation after token_ids. With a prefix whose ids start token_ids, the cached
         state is restored and only the rest is prefilled (generation.generate). choices / schema
-        constrain the answer (constraint())."""
+        constrain the answer (constraint()); drafts_from: earlier answers' ids to speculate from
+        (the same tokens, sooner when they repeat)."""
         constraint = self.constraint(choices, schema, max_new_tokens)
         return generate(self.native, self.tokenizer, self.stop_ids, token_ids, prefix=prefix,
-                        max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, constraint=constraint)
+                        max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, constraint=constraint,
+                        drafts_from=drafts_from)
 
     def generate(self, prompt: str, max_new_tokens: int = 64, raw: bool = False, system: str | None = None,
                  deadline_ms: float | None = None, choices: Sequence[str] | None = None,
-                 schema: Mapping[str, Any] | str | bytes | None = None) -> GenerationResult:
+                 schema: Mapping[str, Any] | str | bytes | None = None,
+                 drafts_from: Sequence[Sequence[int]] | None = None) -> GenerationResult:
         """Greedy answer to `prompt` (the user turn of the chat template unless raw); choices /
-        schema constrain it (constraint())."""
+        schema constrain it (constraint()); drafts_from as for generate_ids."""
         t0 = time.perf_counter()
         constraint = self.constraint(choices, schema, max_new_tokens)
         ids = self.encode_prompt(prompt, raw=raw, system=system)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
         return generate(self.native, self.tokenizer, self.stop_ids, ids, max_new_tokens=max_new_tokens,
-                        deadline_ms=deadline_ms, t0=t0, stages_ms={TOKENIZE: tokenize_ms}, constraint=constraint)
+                        deadline_ms=deadline_ms, t0=t0, stages_ms={TOKENIZE: tokenize_ms}, constraint=constraint,
+                        drafts_from=drafts_from)
 
 def load(model: str | os.PathLike[str] | None = None, threads: int | None = None, n_ctx: int = 2048) -> TextModel:
     """Loads a GGUF text model (the default SmolLM2-135M-Instruct when model is None)."""

@@ -122,8 +122,12 @@ class VisionLanguageModel:
                  deadline_ms: float | None = None, max_image_pixels: int | None = None,
                  choices: Sequence[str] | None = None,
                  schema: Mapping[str, Any] | str | bytes | None = None,
-                 on_partial: Callable[[str, int], None] | None = None, partial_every: int = 0) -> GenerationResult:
+                 on_partial: Callable[[str, int], None] | None = None, partial_every: int = 0,
+                 drafts_from: Sequence[Sequence[int]] | None = None) -> GenerationResult:
         """Greedy description of one RGB uint8 image (H, W, 3).
+
+        drafts_from: token ids of earlier descriptions (of the same camera: a slowly changing view
+        repeats most of them): speculative decoding drafts from them; the text is the same as without.
 
         choices: the answer is exactly one of these strings (stop_reason "complete" or
         "stop_token" when it is; "deadline" / "cancelled" can still cut it short).
@@ -159,8 +163,9 @@ class VisionLanguageModel:
         result = generate(self.text.native, self.text.tokenizer, self.text.stop_ids, prefix_ids + rest_ids,
                           prefix=self.prefix, features=features, image_token_id=self.image_token_id,
                           max_new_tokens=max_new_tokens, deadline_ms=deadline_ms, t0=t0, stages_ms=stages,
-                          constraint=constraint, on_partial=on_partial, partial_every=partial_every)
-        result.extra = {"n_image_tokens": plan.n_image_tokens, "tiles": plan.n_views, "grid": list(plan.grid)}
+                          constraint=constraint, on_partial=on_partial, partial_every=partial_every,
+                          drafts_from=drafts_from)
+        result.extra |= {"n_image_tokens": plan.n_image_tokens, "tiles": plan.n_views, "grid": list(plan.grid)}
         return result
 
 

@@ -123,6 +123,7 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
     alloc(s_.rope_cs, b * cfg_.rope_dims);
     alloc(s_.scores, static_cast<int64_t>(compute_.threads()) * n_ctx_);
     alloc(next_logits_, cfg_.n_vocab);
+    alloc(spec_logits_, (1 + kMaxDraft) * cfg_.n_vocab);
     int64_t kv_floats = 0, rec_floats = 0;
     for (int64_t l = 0; l < cfg_.n_layer; ++l) {
         const LayerShape sh = arch_->layer_shape(l);
@@ -242,9 +243,35 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
     c.compute.pool().run(ch.n * cfg.n_head, body);
 }
 
+int64_t propose_drafts(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lookup,
+                       const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out) {
+    if (max_k <= 0 || tokens.empty()) return 0;
+    const int64_t n = static_cast<int64_t>(lookup.size()), nt = static_cast<int64_t>(tokens.size());
+    for (int64_t len = std::min<int64_t>(3, nt); len >= 1; --len) {
+        const int32_t* tail = tokens.data() + nt - len;
+        for (int64_t at = n - len - 1; at >= 0; --at) {  // latest occurrence first; a token must follow it
+            if (!std::equal(tail, tail + len, lookup.data() + at)) continue;
+            int64_t k = 0;
+            for (int64_t j = at + len; j < n && k < max_k; ++j) {
+                const int32_t t = lookup[static_cast<size_t>(j)];
+                if (t < 0 || std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) break;
+                out[k++] = t;
+            }
+            if (k > 0) return k;
+        }
+    }
+    return 0;
+}
+
 void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
-                       GenerateResult& out, TokenConstraint* constraint) {
+                       GenerateResult& out, TokenConstraint* constraint, const std::vector<int32_t>* lookup) {
     if (p.n < 1) throw std::invalid_argument("generate needs a prompt: the first token comes from its last position");
+    if (lookup)
+        for (const int32_t t : *lookup)
+            if (t < -1 || t >= cfg_.n_vocab)
+                throw std::invalid_argument("lookup ids must be token ids (0.." + std::to_string(cfg_.n_vocab - 1) +
+                                            ") or -1 between answers, got " + std::to_string(t));
+    out.spec_passes = out.spec_drafted = out.spec_accepted = 0;
     const Clock::time_point t0 = Clock::now();
     out.tokens.clear();
     // Never more tokens than the context can still hold: a huge budget must not become a huge
@@ -275,11 +302,20 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     // The most tokens this call can produce: the budget, and the context's room (the first token
     // comes from the prefill's logits, each later one needs a position).
     if (constraint) constraint->start(std::min<int64_t>(max_new, n_ctx_ - n_past_ + 1));
+    const int64_t V = cfg_.n_vocab;
+    const bool speculate = lookup && !lookup->empty() && !constraint && rec_.empty();
+    const int64_t base = n_past_;  // generated token j sits at position base + j
+    int64_t n_fed = 0;             // generated tokens whose keys and values are in the cache, confirmed
+    // The drafts the last verification pass ran after the token it decoded, not yet confirmed:
+    // draft[j] sits at position base + n_fed + (j - next_draft) and its logits are row 1 + j.
+    std::array<int32_t, kMaxDraft> draft{};
+    int64_t n_draft = 0, next_draft = 0, misses = 0, cooldown = 0;
+    const float* logits = next_logits_.data();
     for (int64_t i = 0; i < max_new; ++i) {
         // Greedy: the first maximum wins ties, as torch.argmax does (among the allowed tokens).
         const int32_t next = constraint
-            ? constraint->choose(next_logits_.data(), static_cast<int64_t>(next_logits_.size()), stop_ids)
-            : static_cast<int32_t>(std::max_element(next_logits_.begin(), next_logits_.end()) - next_logits_.begin());
+            ? constraint->choose(logits, V, stop_ids)
+            : static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
         if (next < 0) {
             out.stop_reason = "complete";
             break;
@@ -310,12 +346,45 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             out.stop_reason = "deadline";
             break;
         }
+        if (next_draft < n_draft && draft[static_cast<size_t>(next_draft)] == next) {
+            // The token is the draft the last pass ran at its position: its logits are ready.
+            logits = spec_logits_.data() + (1 + next_draft) * V;
+            ++next_draft;
+            ++n_fed;
+            ++out.spec_accepted;
+            continue;
+        }
+        if (n_draft > 0) {  // a pass whose drafts end here: count it for the back-off
+            misses = next_draft == 0 ? misses + 1 : 0;
+            if (misses >= 3) cooldown = 8, misses = 0;  // drafts keep failing: plain decode for a while
+        }
+        n_draft = next_draft = 0;
+        n_past_ = base + n_fed;  // the cache forgets the drafts that were not confirmed
         if (n_past_ + 1 > n_ctx_) {
             out.stop_reason = "context_full";
             break;
         }
-        prefill(PromptInput{&next, 1}, next_logits_.data(), false);
+        int64_t k = 0;
+        if (speculate && cooldown == 0)
+            k = propose_drafts(out.tokens, *lookup, stop_ids,
+                               std::min({kMaxDraft, max_new - i - 2, n_ctx_ - n_past_ - 1}), draft.data());
+        if (cooldown > 0) --cooldown;
+        if (k == 0) {
+            prefill(PromptInput{&next, 1}, next_logits_.data(), false);
+            logits = next_logits_.data();
+        } else {
+            std::array<int32_t, 1 + kMaxDraft> rows{};
+            rows[0] = next;
+            std::copy(draft.begin(), draft.begin() + k, rows.begin() + 1);
+            prefill(PromptInput{rows.data(), 1 + k}, spec_logits_.data(), true);
+            logits = spec_logits_.data();
+            n_draft = k;
+            ++out.spec_passes;
+            out.spec_drafted += k;
+        }
+        ++n_fed;
     }
+    n_past_ = base + n_fed;  // as plain decoding leaves it: drafts not confirmed are forgotten
     out.decode_ms = ms_since(t1);
 }
 

@@ -6,6 +6,7 @@
 // docs/adding-an-architecture.md). Buffers are allocated once at load, the weights are views into
 // the mapped GGUF, and decoding a token allocates nothing.
 #pragma once
+#include <array>
 #include <atomic>
 #include <mutex>
 #include <chrono>
@@ -48,7 +49,19 @@ struct GenerateResult {
     std::string stop_reason;      // "stop_token", "max_tokens", "deadline", "context_full", "cancelled", "complete"
     double prefill_ms = 0, decode_ms = 0;
     int64_t n_prompt = 0;
+    // Speculation (generate's `lookup`): verification passes run, draft tokens they ran, drafts accepted.
+    int64_t spec_passes = 0, spec_drafted = 0, spec_accepted = 0;
 };
+
+// Most draft tokens one verification pass runs beside the token it decodes: together they stay a
+// decode-phase chunk (evk::kDecodeMaxTokens rows), whose rows the kernels compute exactly as one-row
+// decode steps, so a verified token is the token plain greedy decoding gives.
+constexpr int64_t kMaxDraft = 2;
+
+// generate()'s draft source: the tokens that followed the longest run (1-3) of `tokens`' last ids in
+// `lookup` (its latest occurrence), up to -1, a stop id or max_k of them, into out; how many.
+int64_t propose_drafts(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lookup,
+                       const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out);
 
 // What one prefill runs: n token ids, where the rows at `slots` (strictly increasing positions in
 // [0, n)) take rows of `features` (n_slots x n_embd floats: the image) instead of their token's
@@ -181,8 +194,15 @@ public:
     // prefill included.
     // With a constraint, each token is its choice (constraint.h) and stop_reason "complete" means
     // the constrained answer ended where nothing may follow.
+    // lookup (speculation, without a constraint, for decoders without recurrent state): token ids of
+    // earlier answers, -1 between two. After each token, the longest run of the latest tokens (up to
+    // 3) found in it proposes the tokens that followed there as drafts; one decode-phase pass runs the
+    // token with up to kMaxDraft drafts, and each draft equal to the token greedy decoding then
+    // chooses is accepted without a pass of its own. The tokens are those of plain greedy decoding
+    // (each row of a decode-phase chunk computes as a one-row step); the sequence state at the end
+    // is the one plain decoding leaves.
     void generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
-                  GenerateResult& out, TokenConstraint* constraint = nullptr);
+                  GenerateResult& out, TokenConstraint* constraint = nullptr, const std::vector<int32_t>* lookup = nullptr);
 
     // Thread-safe, from any thread: a generate() running now or later stops before its next token
     // with "cancelled" (for shutdown: a node stopping mid-answer). Sticky until cancel(false).
@@ -219,6 +239,7 @@ private:
     std::vector<int64_t> kv_at_, rec_at_;      // per layer: offset of its cache in kv_ (K; V follows), of its state in rec_
     std::vector<float> kv_, rec_;              // the sequence state: every layer's K and V caches, recurrent states
     std::vector<float> next_logits_;           // generate()'s own: written by its prefill and decode steps, read by it
+    std::vector<float> spec_logits_;           // generate()'s verification passes: (1 + kMaxDraft) rows of n_vocab
     int64_t n_past_ = 0;
     std::atomic<bool> cancel_{false};
     // generate()'s output while it runs (progress()): its token buffer, reserved up front so that

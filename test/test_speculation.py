@@ -1,0 +1,140 @@
+"""Speculative decoding from earlier answers (issue 19): the engine drafts from the token ids of
+earlier answers (`drafts_from`), runs each decoded token with up to kMaxDraft drafts as one
+decode-phase pass and keeps the drafts greedy decoding confirms. The promise is exactness: the
+tokens, and the sequence state left behind, are plain greedy's. Checked on the real SmolLM2, on the
+embedded demo VLM over a slowly changing camera view (where drafts are mostly right) and over
+independent frames (mostly wrong), on a random SmolVLM, with deadlines, with drafts that are pure
+noise, and on a Qwen3.5 decoder (recurrent state: no speculation yet, the same tokens).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ros_helpers import vlm_pair_fixture  # noqa: F401 - provides the vlm_pair fixture
+
+from edgevlm_ros.engine.generation import lookup_ids
+
+PROMPTS = ["List the planets of the solar system.", "What is a robot?", "Count from one to twenty.",
+           "Name three colours and three shapes."]
+
+
+def _spec(r: Any) -> dict[str, int]:
+    return r.extra.get("speculation", {"passes": 0, "drafted": 0, "accepted": 0})
+
+
+def test_drafts_from_earlier_answers_give_plain_greedys_tokens(engine: Any) -> None:
+    """SmolLM2: each prompt answered plainly, then with every earlier answer (its own included) as
+    the drafts' source: the same tokens; its own answer as source is accepted almost whole."""
+    plain = [engine.generate(p, max_new_tokens=48) for p in PROMPTS]
+    history = [r.token_ids for r in plain]
+    accepted = 0
+    for p, r in zip(PROMPTS, plain, strict=True):
+        s = engine.generate(p, max_new_tokens=48, drafts_from=history)
+        assert s.token_ids == r.token_ids, p
+        accepted += _spec(s)["accepted"]
+        assert _spec(s)["passes"] > 0
+    total = sum(len(r.token_ids) for r in plain)
+    assert accepted > total / 2, (accepted, total)
+
+
+def test_sequence_state_after_speculation_is_plain_decodings(engine: Any) -> None:
+    """After generate, the cache holds what plain decoding leaves (drafts not confirmed are
+    forgotten): the next token's logits are bitwise the same, also after a stop mid-draft."""
+    native = engine.native
+    ids = engine.encode_prompt(PROMPTS[1])
+    plain = engine.generate_ids(ids, max_new_tokens=20)
+    after = []
+    for drafts in (None, [plain.token_ids], [[5, 6, 7, 8] * 5]):
+        engine.generate_ids(ids, max_new_tokens=20, drafts_from=drafts)
+        after.append((native.n_past, native.forward(np.array([42], np.int32))))
+    assert after[0][0] == after[1][0] == after[2][0]
+    assert np.array_equal(after[0][1], after[1][1]) and np.array_equal(after[0][1], after[2][1])
+
+
+def test_noise_drafts_and_deadlines_keep_the_text_exact(engine: Any) -> None:
+    """Drafts that are random ids are rejected and cost no token; a deadline cuts a prefix of the
+    greedy text; a lookup id outside the vocabulary is one clear error and the model goes on."""
+    rng = np.random.default_rng(0)
+    ids = engine.encode_prompt(PROMPTS[0])
+    plain = engine.generate_ids(ids, max_new_tokens=40)
+    noise = [list(rng.integers(0, 49152, 200))]
+    s = engine.generate_ids(ids, max_new_tokens=40, drafts_from=noise)
+    assert s.token_ids == plain.token_ids
+    cut = engine.generate_ids(ids, max_new_tokens=40, deadline_ms=1.0, drafts_from=[plain.token_ids])
+    assert cut.token_ids == plain.token_ids[: len(cut.token_ids)]
+    with pytest.raises(ValueError, match="lookup ids must be token ids"):
+        engine.generate_ids(ids, max_new_tokens=4, drafts_from=[[10**9]])
+    assert engine.generate_ids(ids, max_new_tokens=40).token_ids == plain.token_ids
+    assert lookup_ids([[1, 2], [], [3]]) == [1, 2, -1, -1, 3]
+
+
+def test_constrained_answers_ignore_drafts(engine: Any) -> None:
+    ids = engine.encode_prompt("Is the sky blue? Answer yes or no.")
+    a = engine.generate_ids(ids, max_new_tokens=8, choices=["yes", "no"])
+    b = engine.generate_ids(ids, max_new_tokens=8, choices=["yes", "no"], drafts_from=[a.token_ids])
+    assert b.token_ids == a.token_ids and "speculation" not in b.extra
+
+
+@pytest.fixture(scope="module")
+def demo_vlm() -> Any:
+    from edgevlm_ros.demo.demo_model import resolve_pair
+    from edgevlm_ros.engine.vlm import load_vlm
+
+    return load_vlm(*resolve_pair(None, None), threads=2)
+
+
+@pytest.mark.parametrize("view", ["drift", "independent"])
+def test_demo_vlm_on_a_camera_stream_is_exact(demo_vlm: Any, view: str) -> None:
+    """The demo VLM on 24 frames of a slowly changing view and of independent scenes, drafting from
+    the camera's last three descriptions: every frame's tokens are plain greedy's; on the slowly
+    changing view most tokens come from drafts (the bench measures what that is worth)."""
+    from edgevlm_ros.demo.drift import DriftStream
+    from edgevlm_ros.demo.scenes import generate_scene
+
+    n = 24
+    frames = ([DriftStream(42, fps=5.0).scene(i) for i in range(n)] if view == "drift"
+              else [generate_scene(42, i) for i in range(n)])
+    history: list[list[int]] = []
+    accepted = tokens = 0
+    for scene in frames:
+        image = scene.image()
+        plain = demo_vlm.describe(image, max_new_tokens=32)
+        spec = demo_vlm.describe(image, max_new_tokens=32, drafts_from=history[-3:])
+        assert spec.token_ids == plain.token_ids, (scene.index, plain.text, spec.text)
+        accepted += _spec(spec)["accepted"]
+        tokens += len(plain.token_ids)
+        history.append(plain.token_ids)
+    if view == "drift":
+        assert accepted > tokens / 3, (accepted, tokens)
+
+
+def test_random_smolvlm_is_exact(vlm_pair: tuple[Path, Path]) -> None:
+    from edgevlm_ros.engine.vlm import load_vlm
+
+    vlm = load_vlm(*vlm_pair, threads=2)
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (96, 160, 3), dtype=np.uint8) for _ in range(4)]
+    history: list[list[int]] = []
+    for image in images:
+        plain = vlm.describe(image, max_new_tokens=24)
+        assert vlm.describe(image, max_new_tokens=24, drafts_from=[*history, plain.token_ids]).token_ids == \
+            plain.token_ids
+        history.append(plain.token_ids)
+
+
+def test_recurrent_decoder_decodes_plainly() -> None:
+    """Qwen3.5 (Gated DeltaNet layers carry recurrent state, which a rejected draft would have
+    advanced): no speculation yet (no passes), and the same tokens."""
+    from qwen35_fixtures import cached_qwen35_llama_cpp_gguf
+
+    import edgevlm_ros
+
+    model = edgevlm_ros.load(cached_qwen35_llama_cpp_gguf(), threads=2, n_ctx=256)
+    ids = list(range(1000, 1020))
+    plain = model.generate_ids(ids, max_new_tokens=12)
+    spec = model.generate_ids(ids, max_new_tokens=12, drafts_from=[plain.token_ids])
+    assert spec.token_ids == plain.token_ids and _spec(spec)["passes"] == 0
