@@ -1337,9 +1337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # the model at --out, its record (--record) is overwritten by the new one.
                 start = args.regress_from_mmproj
                 same = start.resolve() == args.out.resolve() and args.record.exists()
-                earlier = json.loads(args.record.read_text()) if same else {}
-                earlier["mmproj_sha256"] = hashlib.sha256(start.read_bytes()).hexdigest()
-                (args.work / WARM_START_RECORD).write_text(json.dumps(earlier, indent=2))
+                started = json.loads(args.record.read_text()) if same else {}
+                started["mmproj_sha256"] = hashlib.sha256(start.read_bytes()).hexdigest()
+                (args.work / WARM_START_RECORD).write_text(json.dumps(started, indent=2))
             elif not args.regress_from_scratch:
                 vs.load_state_dict(torch.load(args.work / "stage1.pt"))
             if soft.load(saved_prompt(args.work)):
