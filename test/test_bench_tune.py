@@ -94,6 +94,22 @@ def test_bench_no_peer_flag_and_json_on_stdout(capsys, text_model_path):
     assert "| measure |" in captured.err  # the table went to stderr
 
 
+def test_bench_speculation_quick(capsys):
+    """`edgevlm bench --speculation --quick`: both streams measured, the same text with and without
+    drafts on every frame, the drafts used on the slowly changing view, a table with the floor."""
+    rc = bench.main(["--speculation", "--quick", "--json"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert set(result["streams"]) == {"drift", "independent"} and result["frames"] == 6
+    for row in result["streams"].values():
+        assert row["text_mismatches"] == 0 and row["decoded_tokens"] > 0
+        assert row["plain_tokens_per_s"] > 0 and row["spec_tokens_per_s"] > 0 and row["speedup"] > 0
+    assert result["streams"]["drift"]["accepted"] > 0
+    assert result["floor"]["floor_ms"] > 0
+    assert "| drift |" in captured.err and "floor" in captured.err
+
+
 def test_bench_table_ratios():
     """format_table with peer numbers: ratio ours/peer and which side is better, per direction."""
     rows = [

@@ -112,7 +112,7 @@ def test_runtime_changes() -> None:
         apply_changes(p, {"max_new_tokens": -1})
     runtime = {s.name for s in PARAMS if s.runtime}
     assert runtime == {"prompt", "max_new_tokens", "period_s", "deadline_ms", "question_frame_timeout_s",
-                       "partial_every", "description_schema"}
+                       "partial_every", "description_schema", "speculation"}
     assert set(defaults()) == {s.name for s in PARAMS}
 
 

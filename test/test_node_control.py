@@ -245,6 +245,29 @@ def test_description_schema_publishes_json_descriptions(vlm_pair: tuple[Path, Pa
         assert len(box), "nothing on description/json"
 
 
+def test_speculation_drafts_from_the_cameras_last_descriptions(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """The same frame again and again (a camera that sees the same scene): with speculation on (the
+    default) every description is the same text, and after the first ones most of its tokens came
+    from drafts (drafts_accepted in the frame's diagnostic)."""
+    from std_msgs.msg import String
+
+    with control_node(tmp_path, vlm_pair, {"cameras": ["front"], "max_new_tokens": 24, "partial_every": 0}) as node:
+        box = node.peer.inbox(String, "/ctl/front/description")
+        start = len(node.diag)
+        deadline = time.monotonic() + 90
+        while len(box) < 5 and time.monotonic() < deadline:
+            node.publish("front", exact_picture())
+            time.sleep(0.3)
+        texts = [m.data for m in box.messages()]
+        assert len(texts) >= 5 and len(set(texts)) == 1, texts
+        accepted = [int(diag_values(s)["drafts_accepted"]) for a in node.diag.messages(start)
+                    for s in a.status if s.name.endswith("front: frame") and "drafts_accepted" in diag_values(s)]
+        tokens = [int(diag_values(s)["tokens"]) for a in node.diag.messages(start)
+                  for s in a.status if s.name.endswith("front: frame") and "tokens" in diag_values(s)]
+        assert accepted and accepted[0] == 0, accepted  # nothing to draft from before the first description
+        assert max(accepted) >= max(tokens) // 2, (accepted, tokens)
+
+
 def test_bad_questions_and_a_full_queue_are_refused_at_once_and_the_node_serves_on(
         vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
     from edgevlm_interfaces.srv import Ask

@@ -38,6 +38,8 @@ class FrameResult:
     tokens: int
     tokens_per_s: float
     stop_reason: str
+    token_ids: tuple[int, ...] = ()
+    drafts_accepted: int = 0  # tokens that came from speculation's drafts (0 without)
 
     @property
     def deadline_miss(self) -> bool:
@@ -53,10 +55,12 @@ def describe_message(msg: Any) -> str:
 
 def describe_frame(vlm: Any, msg: Any, p: NodeParams, prompt: str | None = None, max_new_tokens: int | None = None,
                    choices: Sequence[str] | None = None, schema: str | None = None,
-                   on_partial: Callable[[str, int], None] | None = None) -> FrameResult:
+                   on_partial: Callable[[str, int], None] | None = None,
+                   drafts_from: Sequence[Sequence[int]] | None = None) -> FrameResult:
     """The description of one image message with the parameters p (a question overrides the prompt,
     the token budget and the constraint; on_partial streams the text so far every p.partial_every
-    tokens, or every token when that is 0: the caller asked for a stream). Raises FrameFailure."""
+    tokens, or every token when that is 0: the caller asked for a stream; drafts_from: earlier
+    descriptions' token ids for speculative decoding). Raises FrameFailure."""
     t0 = time.perf_counter()
     try:
         rgb = frames.to_rgb(msg, p.max_image_pixels)
@@ -69,7 +73,7 @@ def describe_frame(vlm: Any, msg: Any, p: NodeParams, prompt: str | None = None,
             constraint["schema"] = schema
         result = vlm.describe(rgb, prompt or p.prompt, max_new_tokens or p.max_new_tokens, deadline_ms=p.deadline_ms,
                               max_image_pixels=p.max_image_pixels, on_partial=on_partial,
-                              partial_every=p.partial_every or 1, **constraint)
+                              partial_every=p.partial_every or 1, drafts_from=drafts_from, **constraint)
     except ImageRefused as exc:  # refused before any encoding: the frame's size, not the engine
         raise FrameFailure(f"frame refused ({describe_message(msg)}): {exc}", in_engine=False) from None
     except Exception as exc:  # an engine failure is reported per frame, not fatal
@@ -81,7 +85,8 @@ def describe_frame(vlm: Any, msg: Any, p: NodeParams, prompt: str | None = None,
     ms["preprocess"] += convert_ms
     ms[TOTAL] += convert_ms
     return FrameResult(result.text, ms, convert_ms, len(result.token_ids), float(result.tokens_per_s),
-                       result.stop_reason)
+                       result.stop_reason, tuple(result.token_ids),
+                       int(result.extra.get("speculation", {}).get("accepted", 0)))
 
 
 def report(r: FrameResult, msg: Any, p: NodeParams, age_ms: float | None) -> tuple[str, str, list[tuple[str, Any]]]:
@@ -96,6 +101,7 @@ def report(r: FrameResult, msg: Any, p: NodeParams, age_ms: float | None) -> tup
         ("text", r.text),
         ("tokens", r.tokens),
         ("tokens_per_s", r.tokens_per_s),
+        ("drafts_accepted", r.drafts_accepted),
         ("stop_reason", r.stop_reason),
         *((f"{stage}_ms", value) for stage, value in r.ms.items()),
         ("convert_ms", r.convert_ms),

@@ -52,6 +52,7 @@ import gc  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections import deque  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
@@ -78,6 +79,7 @@ from .node_params import PARAMS, NodeParams, ParamError, apply_changes, camera_t
 from .questions import Answer, Question, QuestionQueue, next_work  # noqa: E402
 
 HEARTBEAT_S = 1.0
+RECENT_DESCRIPTIONS = 3  # a camera's descriptions speculation drafts from
 # Stopping cancels a generation in progress at its next token; a worker still inside the engine
 # after this long (the vision encoder cannot be interrupted) is abandoned: the process exits
 # without waiting for it (Ctrl-C must end the node within a second, even mid-generation).
@@ -107,6 +109,8 @@ class _Camera:
     sub: Any
     diag_name: str
     totals: LatencyWindow = field(default_factory=lambda: LatencyWindow(200))
+    # The token ids of its last descriptions (speculation drafts from them), newest last.
+    recent: deque[tuple[int, ...]] = field(default_factory=lambda: deque(maxlen=RECENT_DESCRIPTIONS))
     last_level: str = "ok"
     last_message: str = "no frame described yet"
 
@@ -343,7 +347,8 @@ class VlmNodeCore:
                 return
         try:
             result = describe_frame(self._vlm, msg, p, max_new_tokens=budget, schema=p.description_schema,
-                                    on_partial=partial if p.partial_every else None)
+                                    on_partial=partial if p.partial_every else None,
+                                    drafts_from=list(cam.recent) if p.speculation else None)
         except FrameFailure as failure:
             if not (failure.in_engine and self._stop.is_set()):
                 self._frame_failed(msg, str(failure), camera)
@@ -351,6 +356,8 @@ class VlmNodeCore:
         if self._stop.is_set():
             return
         age_ms = self._age_ms(msg)
+        if result.stop_reason in ("stop_token", "max_tokens"):  # a whole description, worth drafting from
+            cam.recent.append(result.token_ids)
         cam.description.publish(String(data=result.text))
         if p.description_schema is not None:
             cam.json.publish(String(data=result.text))

@@ -82,6 +82,9 @@ PARAMS: tuple[ParamSpec, ...] = (
               runtime=True),
     ParamSpec("description_schema", "", "JSON schema the periodic description must follow (published on "
               "C/description/json as well as C/description); empty: free text", runtime=True),
+    ParamSpec("speculation", True, "draft each description from the camera's last 3 (speculative decoding: "
+              "the same text, sooner when the view changes slowly; not with a schema or a recurrent decoder)",
+              runtime=True),
 )
 _SPECS = {p.name: p for p in PARAMS}
 
@@ -109,6 +112,7 @@ class NodeParams:
     question_frame_timeout_s: float = 2.0
     partial_every: int = 4
     description_schema: str | None = None
+    speculation: bool = True
 
     @property
     def image_topic(self) -> str:
@@ -220,6 +224,7 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
         question_frame_timeout_s=float(v["question_frame_timeout_s"]),
         partial_every=int(v["partial_every"]),
         description_schema=schema,
+        speculation=bool(v["speculation"]),
     )
 
 

@@ -1356,6 +1356,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes for a smoke test: prefill 8,16, decode 8, 1 repeat, 1 vision layer, a "
                         "1152x1152x256 GEMM for the FP32 peak")
+    parser.add_argument("--speculation", action="store_true",
+                        help="instead: speculative decoding with the embedded demo VLM on a slowly changing view and "
+                        "on independent frames (acceptance, decode tokens/s without and with, time per token against "
+                        "the bandwidth floor)")
+    parser.add_argument("--frames", type=positive_int, default=None,
+                        help="--speculation: frames per stream (60; --quick: 6)")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                         help="write the raw numbers as JSON to FILE (alone: JSON on stdout, the table on stderr)")
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the ratios as a PNG chart")
@@ -1397,9 +1403,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Runs a parsed `bench` command: prints the table (and JSON / PNG when asked). Returns 0."""
-    cfg = config_from_args(args)
-    result = run(cfg)
-    table = format_table(result)
+    if getattr(args, "speculation", False):
+        from .bench_speculation import format_speculation, run_speculation
+
+        frames = args.frames or (6 if args.quick else 60)
+        result = run_speculation(frames, args.threads, log=lambda s: print(s, file=sys.stderr, flush=True))
+        table = format_speculation(result)
+    else:
+        result = run(config_from_args(args))
+        table = format_table(result)
     if args.json == "-":
         print(table, file=sys.stderr)
         print(json.dumps(result, indent=1))
@@ -1408,7 +1420,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
             print(f"raw numbers: {args.json}")
-    if args.png:
+    if args.png and not getattr(args, "speculation", False):
         write_png(result, Path(args.png))
         print(f"chart: {args.png}", file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
