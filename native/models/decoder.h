@@ -198,7 +198,8 @@ public:
     // earlier answers, -1 between two. After each token, the longest run of the latest tokens (up to
     // 3) found in it proposes the tokens that followed there as drafts; one decode-phase pass runs the
     // token with up to kMaxDraft drafts, and each draft equal to the token greedy decoding then
-    // chooses is accepted without a pass of its own. The tokens are those of plain greedy decoding
+    // chooses is accepted without a pass of its own; how many drafts a pass runs follows the share
+    // accepted so far in the call (0-2). The tokens are those of plain greedy decoding
     // (each row of a decode-phase chunk computes as a one-row step); the sequence state at the end
     // is the one plain decoding leaves.
     void generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
