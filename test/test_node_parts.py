@@ -58,7 +58,7 @@ def test_report_of_a_described_frame() -> None:
     ok = FrameResult("a red circle", ms, 1.5, 4, 20.0, "stop")
     level, message, values = report(ok, msg, validate({}), None)
     assert (level, message) == ("ok", "described in 10 ms (4 tokens, stop)")
-    assert [k for k, _ in values] == ["text", "tokens", "tokens_per_s", "stop_reason",
+    assert [k for k, _ in values] == ["text", "tokens", "tokens_per_s", "stop_reason", "drafts_accepted",
                                       *(f"{s}_ms" for s in REPORTED_STAGES), "convert_ms", "age_ms", "image",
                                       "frame_id"]
     assert dict(values)["image"] == "png (5 bytes)" and math.isnan(dict(values)["age_ms"])

@@ -13,6 +13,7 @@ same flood is taken whole (999 / 1000, ~2 passes a frame).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -37,6 +38,22 @@ class OnceQueuedExecutor(MultiThreadedExecutor):
         super().__init__(num_threads=num_threads, context=context)
         self._queued: set[int] = set()  # id() of the tasks in the pool's queue, not yet started
         self._queued_cond = threading.Condition()
+        self._start_pool(num_threads)
+
+    def _start_pool(self, n: int) -> None:
+        """Starts every pool thread now. ThreadPoolExecutor starts them one at a time, when work finds
+        none idle, so the node's thread count crept up over its first minutes (a soak counts threads:
+        24 -> 25 after warm-up); a robot's node should have its threads from the start."""
+        barrier = threading.Barrier(n + 1)
+
+        def hold() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(5.0)
+
+        for _ in range(n):
+            self._executor.submit(hold)  # each blocks until all n run: every submit finds none idle
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(5.0)
 
     def _spin_once_impl(self, timeout_sec: Any = None, wait_condition: Any = lambda: False) -> None:
         try:

@@ -20,7 +20,7 @@ from ..demo.demo_model import resolve_pair
 from ..demo.drift import DriftStream
 from ..demo.scenes import generate_scene
 from ..engine.vlm import load_vlm
-from .bench import bandwidth_floors, highest_bandwidth, machine_info, measure_bandwidth, weight_bytes_per_token
+from .hw_limits import bandwidth_floors, highest_bandwidth, machine_info, measure_bandwidth, weight_bytes_per_token
 
 __all__ = ["format_speculation", "run_speculation"]
 
