@@ -107,9 +107,9 @@ def _quoted_names(line: str, names: set[str]) -> set[str]:
     return {m for m in re.findall(r"""["'](\w+)["']""", line) if m in names}
 
 
-# Lines that name features of another vocabulary: the bench records the /proc/cpuinfo flags of the
+# Lines that name features of another vocabulary: the bench (tools/hw_limits.py) records the /proc/cpuinfo flags of the
 # machine it measured on (the kernel's names: avx512_vnni, amx_int8, asimddp), not the engine's.
-OTHER_VOCABULARY = {"bench.py": "interesting = ["}
+OTHER_VOCABULARY = {"hw_limits.py": "interesting = ["}
 
 
 def test_no_second_list_of_operators_or_features_in_the_sources() -> None:
