@@ -15,7 +15,7 @@ import pytest
 
 from edgevlm_ros import _engine
 from edgevlm_ros.engine import optable
-from edgevlm_ros.tools import bench, tune
+from edgevlm_ros.tools import bench, hw_limits, tune
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_CACHE = ROOT / "build" / "test-fixtures" / "bench"  # the random vision model, reused across runs
@@ -136,20 +136,20 @@ def test_bench_table_ratios():
 
 
 def test_bandwidth_and_weight_bytes(text_model_path):
-    bw = bench.measure_bandwidth(8, 2, repeats=1)
+    bw = hw_limits.measure_bandwidth(8, 2, repeats=1)
     assert bw["single_gbs"] > 0 and bw["all_gbs"] > 0
     # The floor uses the highest bandwidth of the runs around the decode measurement.
     runs = [dict(bw, all_gbs=20.0, single_gbs=13.0), dict(bw, all_gbs=25.0, single_gbs=12.0),
             dict(bw, all_gbs=19.0, single_gbs=11.0)]
-    best = bench.highest_bandwidth(runs)
+    best = hw_limits.highest_bandwidth(runs)
     assert best["all_gbs"] == 25.0 and best["single_gbs"] == 13.0 and best["all_runs_gbs"] == [20.0, 25.0, 19.0]
-    wb = bench.weight_bytes_per_token(text_model_path)
+    wb = hw_limits.weight_bytes_per_token(text_model_path)
     # 30 layers of Q4_1 (66.5 MB) + the tied Q8_0 head (30.1 MB) + norm + one embedding row
     assert wb["layers"] == 30 * (3 * 552960 + 2 * 69120 + 2 * 207360 + 2 * 2304)
     assert wb["head"] == 30081024 and wb["head_type"] == "Q8_0" and wb["layer_types"] == ["Q4_1"]
     # A recurrent state (none in SmolLM2) is read and written once per token: 2 x 4 bytes a float.
     assert wb["recurrent_state"] == 0
-    assert bench.weight_bytes_per_token(text_model_path, 1000)["total"] == wb["total"] + 8000
+    assert hw_limits.weight_bytes_per_token(text_model_path, 1000)["total"] == wb["total"] + 8000
 
 
 def _first_rules(text: str) -> dict[tuple[str, str, str], str]:
@@ -318,10 +318,10 @@ def test_robot_table_is_shipped_and_runs_no_avx512(restore_optable):
 def test_bandwidth_floors_say_which_binds():
     model = {"mib": 92.0, "all_gbs": 30.0}
     dram = {"mib": 1024.0, "all_gbs": 12.0}
-    fl = bench.bandwidth_floors(96_000_000, model, dram)
+    fl = hw_limits.bandwidth_floors(96_000_000, model, dram)
     assert fl["binds"] == "model_sized" and fl["floor_ms"] == pytest.approx(3.2)
     assert fl["dram"]["floor_ms"] == pytest.approx(8.0)
-    assert bench.bandwidth_floors(96_000_000, dict(model, all_gbs=10.0), dram)["binds"] == "dram"
+    assert hw_limits.bandwidth_floors(96_000_000, dict(model, all_gbs=10.0), dram)["binds"] == "dram"
 
 
 def test_peer_lib_choice(tmp_path, monkeypatch):

@@ -27,17 +27,14 @@ from dataclasses import replace
 import numpy as np
 
 from .scenes import (
-    MIN_VISIBLE,
     POSITIONS,
     THIRD_MARGIN,
     Scene,
     SceneObject,
-    _contrast_ok,
-    _object_mask,
     _paint_background,
     caption_for,
     generate_scene,
-    visible_fractions,
+    placement_ok,
 )
 
 __all__ = ["DRIFT_HOLD_S", "MAX_OBJECTS", "DriftStream"]
@@ -87,11 +84,6 @@ class DriftStream:
         k = int(np.searchsorted(self._ends, index, side="right"))
         return k, self._segments[k][0]
 
-    def _fits(self, objects: list[SceneObject]) -> bool:
-        masks = [_object_mask(o, self.width, self.height) for o in objects]
-        return min(visible_fractions(objects, masks)) >= MIN_VISIBLE and all(
-            _contrast_ok(self._bg_image, o, m) for o, m in zip(objects, masks, strict=True))
-
     def _next_objects(self, k: int, objects: tuple[SceneObject, ...]) -> tuple[SceneObject, ...]:
         """Segment k's objects: segment k-1's with one third's group gone or a new group added."""
         rng = self._rng(k, 1)
@@ -106,7 +98,7 @@ class DriftStream:
                     continue
                 third = groups[int(rng.integers(len(groups)))]
                 added = [o for o in donor.objects if o.position == third]
-                if len(objects) + len(added) <= MAX_OBJECTS and self._fits([*objects, *added]):
+                if len(objects) + len(added) <= MAX_OBJECTS and placement_ok(self._bg_image, [*objects, *added]):
                     return (*objects, *added)
         if not occupied:
             return objects  # nothing fitted: the view stays empty one more segment
@@ -134,7 +126,8 @@ class DriftStream:
         base = self._segments[k][1]
         t = (index - first) / self.fps
         moved = [self._moved(o, n, t) for n, o in enumerate(base)]
-        objects = tuple(moved) if moved and self._fits(moved) else base  # a pose that breaks a rule: stay put
+        # A pose that would break a rule keeps the object where it appeared.
+        objects = tuple(moved) if moved and placement_ok(self._bg_image, moved) else base
         fx = replace(self._first.effects, seed=int(self._rng(index, 3).integers(2**31)))
         return Scene(self.seed, int(index), self.width, self.height, self._first.background, objects,
                      caption_for(objects), fx)

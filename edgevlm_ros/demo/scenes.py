@@ -576,6 +576,15 @@ def _contrast_ok(bg_image: np.ndarray, obj: SceneObject, mask: np.ndarray) -> bo
     return float(np.linalg.norm(under - np.asarray(obj.rgb, dtype=np.float32))) >= MIN_CONTRAST
 
 
+def placement_ok(bg_image: np.ndarray, objects: Sequence[SceneObject]) -> bool:
+    """Whether objects drawn in this order on bg_image (the painted background) keep the world's
+    rules: each at least MIN_VISIBLE of its area in view and MIN_CONTRAST from what lies under it."""
+    h, w = bg_image.shape[:2]
+    masks = [_object_mask(o, w, h) for o in objects]
+    return min(visible_fractions(objects, masks)) >= MIN_VISIBLE and all(
+        _contrast_ok(bg_image, o, m) for o, m in zip(objects, masks, strict=True))
+
+
 def visible_fractions(objects: Sequence[SceneObject], masks: Sequence[np.ndarray]) -> list[float]:
     """Per object, the fraction of its whole area (also what lies outside the frame) in view."""
     covered = np.zeros_like(masks[0])
@@ -600,9 +609,7 @@ def generate_scene(seed: int, index: int = 0, width: int = 320, height: int = 24
         bg_image = _paint_background(bg, width, height)
         for _ in range(30):
             objects = [_object(rng, *s, width, height, alone=len(specs) == 1) for s in specs]
-            masks = [_object_mask(o, width, height) for o in objects]
-            if min(visible_fractions(objects, masks)) >= MIN_VISIBLE and all(
-                    _contrast_ok(bg_image, o, m) for o, m in zip(objects, masks, strict=True)):
+            if placement_ok(bg_image, objects):
                 return Scene(int(seed), int(index), width, height, bg, tuple(objects), caption_for(objects), fx)
     raise RuntimeError(f"could not place objects for scene ({seed}, {index}) in {width}x{height}")
 

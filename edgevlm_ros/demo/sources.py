@@ -14,6 +14,7 @@ Folder and video stop at their end unless `loop`; `size` resizes folder and vide
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -252,7 +253,11 @@ def caption_message(scene: Scene, sec: int, nanosec: int, frame_id: str, drift_f
     return json.dumps(data, separators=(",", ":"))
 
 
-_drift_streams: dict[tuple[int, int, int, float], DriftStream] = {}
+@functools.lru_cache(maxsize=1)
+def _drift_stream(seed: int, width: int, height: int, fps: float) -> DriftStream:
+    """One drift view kept: a monitor's frames all come from the same one, whose timeline is then
+    worked out once."""
+    return DriftStream(seed, width, height, fps=fps)
 
 
 def scene_from_caption(text: str) -> tuple[tuple[int, int], Scene]:
@@ -260,11 +265,7 @@ def scene_from_caption(text: str) -> tuple[tuple[int, int], Scene]:
     data = json.loads(text)
     seed, index, width, height = int(data["seed"]), int(data["index"]), int(data["width"]), int(data["height"])
     if "drift_fps" in data:
-        key = (seed, width, height, float(data["drift_fps"]))
-        if key not in _drift_streams:  # one per view: a stream works its timeline out once
-            _drift_streams.clear()
-            _drift_streams[key] = DriftStream(seed, width, height, fps=key[3])
-        scene = _drift_streams[key].scene(index)
+        scene = _drift_stream(seed, width, height, float(data["drift_fps"])).scene(index)
     else:
         scene = generate_scene(seed, index, width, height)
     if scene.caption != data["caption"]:

@@ -148,6 +148,11 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     return result
 
 
+# How many earlier answers speculation drafts from: the node keeps each camera's last this many
+# descriptions, and `edgevlm bench --speculation` does the same.
+DRAFT_HISTORY = 3
+
+
 def lookup_ids(answers: Sequence[Sequence[int]]) -> list[int]:
     """The engine's speculation lookup: the answers' token ids, -1 between two."""
     out: list[int] = []

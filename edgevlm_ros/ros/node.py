@@ -70,6 +70,7 @@ from rclpy.time import Time  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image  # noqa: E402
 from std_msgs.msg import Float64, String  # noqa: E402
 
+from ..engine.generation import DRAFT_HISTORY  # noqa: E402
 from ..engine.latency import AGE, REPORTED_STAGES, TOTAL, LatencyWindow  # noqa: E402
 from . import ask, diagnostics, model_files  # noqa: E402
 from .executor import OnceQueuedExecutor  # noqa: E402
@@ -79,7 +80,6 @@ from .node_params import PARAMS, NodeParams, ParamError, apply_changes, camera_t
 from .questions import Answer, Question, QuestionQueue, next_work  # noqa: E402
 
 HEARTBEAT_S = 1.0
-RECENT_DESCRIPTIONS = 3  # a camera's descriptions speculation drafts from
 # Stopping cancels a generation in progress at its next token; a worker still inside the engine
 # after this long (the vision encoder cannot be interrupted) is abandoned: the process exits
 # without waiting for it (Ctrl-C must end the node within a second, even mid-generation).
@@ -110,7 +110,7 @@ class _Camera:
     diag_name: str
     totals: LatencyWindow = field(default_factory=lambda: LatencyWindow(200))
     # The token ids of its last descriptions (speculation drafts from them), newest last.
-    recent: deque[tuple[int, ...]] = field(default_factory=lambda: deque(maxlen=RECENT_DESCRIPTIONS))
+    recent: deque[tuple[int, ...]] = field(default_factory=lambda: deque(maxlen=DRAFT_HISTORY))
     last_level: str = "ok"
     last_message: str = "no frame described yet"
 

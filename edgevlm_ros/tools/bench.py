@@ -62,7 +62,7 @@ import numpy as np
 from ..engine import optable
 from ..engine.argtypes import command_main, positive_int
 from . import vision_cost
-from .hw_limits import (  # noqa: F401 - bench.measure_bandwidth etc. stay importable from here
+from .hw_limits import (
     bandwidth_floors,
     highest_bandwidth,
     machine_info,

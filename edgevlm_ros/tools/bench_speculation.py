@@ -19,13 +19,11 @@ from typing import Any
 from ..demo.demo_model import resolve_pair
 from ..demo.drift import DriftStream
 from ..demo.scenes import generate_scene
+from ..engine.generation import DRAFT_HISTORY
 from ..engine.vlm import load_vlm
 from .hw_limits import bandwidth_floors, highest_bandwidth, machine_info, measure_bandwidth, weight_bytes_per_token
 
 __all__ = ["format_speculation", "run_speculation"]
-
-HISTORY = 3  # descriptions drafted from, as the node does (ros/node.py RECENT_DESCRIPTIONS)
-
 
 def run_speculation(frames: int = 60, threads: int = 2, seed: int = 42, max_new_tokens: int = 32,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -48,7 +46,7 @@ def run_speculation(frames: int = 60, threads: int = 2, seed: int = 42, max_new_
             image = scene.image()
             runs = {}
             for mode in (("plain", "spec") if k % 2 == 0 else ("spec", "plain")):  # alternate the order
-                drafts = history[-HISTORY:] if mode == "spec" else None
+                drafts = history[-DRAFT_HISTORY:] if mode == "spec" else None
                 runs[mode] = vlm.describe(image, max_new_tokens=max_new_tokens, drafts_from=drafts)
             plain, spec = runs["plain"], runs["spec"]
             mismatches += plain.token_ids != spec.token_ids

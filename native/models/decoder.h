@@ -56,7 +56,7 @@ struct GenerateResult {
 // Most draft tokens one verification pass runs beside the token it decodes: together they stay a
 // decode-phase chunk (evk::kDecodeMaxTokens rows), whose rows the kernels compute exactly as one-row
 // decode steps, so a verified token is the token plain greedy decoding gives.
-constexpr int64_t kMaxDraft = 2;
+constexpr int64_t kMaxDraft = evk::kDecodeMaxTokens - 1;
 
 // generate()'s draft source: the tokens that followed the longest run (1-3) of `tokens`' last ids in
 // `lookup` (its latest occurrence), up to -1, a stop id or max_k of them, into out; how many.
