@@ -72,6 +72,12 @@ void delta_rule_avx2(float*, const float*, const float*, int64_t, const float*, 
 void l2norm_avx2(const float*, float*, int64_t, float);
 void rmsnorm_gated_avx2(const float*, const float*, const float*, float*, int64_t, float);
 void sigmoid_mul_avx2(float*, const float*, int64_t);
+void causal_conv1d_avx512(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, float*, int64_t);
+void delta_rule_avx512(float*, const float*, const float*, int64_t, const float*, int64_t, const float*, const float*,
+                       int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+void l2norm_avx512(const float*, float*, int64_t, float);
+void rmsnorm_gated_avx512(const float*, const float*, const float*, float*, int64_t, float);
+void sigmoid_mul_avx512(float*, const float*, int64_t);
 #endif
 
 void delta_rule_ref_chunk64(float*, const float*, const float*, int64_t, const float*, int64_t, const float*,
@@ -275,6 +281,11 @@ const std::vector<Variant>& registry() {
         {EVK_V(l2norm, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(rmsnorm_gated, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(sigmoid_mul, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(causal_conv1d, avx512), {}, "avx512f,fma,f16c"},
+        {EVK_V(delta_rule, avx512), {}, "avx512f,fma,f16c"},
+        {EVK_V(l2norm, avx512), {}, "avx512f,fma,f16c"},
+        {EVK_V(rmsnorm_gated, avx512), {}, "avx512f,fma,f16c"},
+        {EVK_V(sigmoid_mul, avx512), {}, "avx512f,fma,f16c"},
 #endif
     };
     return v;
