@@ -39,8 +39,9 @@ struct MatmulArgs {
     int64_t xp_stride = 0;
 };
 using MatmulFn = void (*)(const MatmulArgs&);
-// 4 rows of a panel + 1 for a row unpacked from a packed layout to the file's bytes.
-constexpr int64_t kMatmulScratchRows = 5;
+// A panel's rows expanded to float (avx2_gemm 4, avx512_gemm 48 for the formats its panel fill
+// does not read) + 1 for a row unpacked from a packed layout to the file's bytes.
+constexpr int64_t kMatmulScratchRows = 49;
 
 // Causal attention of one query row against cached keys/values of one kv head.
 // out[d] = sum_j softmax_j(scale * q.k_j) v_j for j in [0, n_kv); scores holds n_kv floats.

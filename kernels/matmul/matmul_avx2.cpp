@@ -47,6 +47,10 @@ EV_AVX2 inline void nibbles_to_floats(const uint8_t* qs, __m256 d, __m256 bias, 
     }
 }
 
+}  // namespace
+
+// A row of any format to float, vectorized where the format has a fast path (also the AVX-512
+// GEMM's expansion of the formats its panel fill does not read, matmul_avx512.cpp).
 EV_AVX2 void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n) {
     switch (t) {
     case DType::F16: {
@@ -107,8 +111,6 @@ EV_AVX2 void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n
         return;
     }
 }
-
-}  // namespace
 
 EV_AVX2 void matmul_avx2_f32act(const MatmulArgs& a) {
     const char* base = static_cast<const char*>(a.w);

@@ -67,10 +67,26 @@ constexpr TileFn tiles_for[kTok] = {tile<NV, 1>, tile<NV, 2>, tile<NV, 3>, tile<
                                     tile<NV, 5>, tile<NV, 6>, tile<NV, 7>, tile<NV, 8>};
 constexpr const TileFn* kTiles[kVecs] = {tiles_for<1>, tiles_for<2>, tiles_for<3>};
 
+// The formats the panel fill expands as they lie (avx512_panel.h); the others (K-quants, Q5_0,
+// Q5_1, IQ4_NL) are expanded once per panel into float rows in scratch and filled from there.
+constexpr bool fills_directly(DType t) {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q4_0 || t == DType::Q4_1 ||
+           t == DType::Q8_0;
+}
+
 }  // namespace
 
+void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n);  // matmul_avx2.cpp
+
 EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
+    static_assert(kMatmulScratchRows >= kPanelRows + 1, "scratch holds a panel's float rows and one unpacked row");
     alignas(64) float panel[kPanelRows * kKc];
+    const bool direct = fills_directly(a.wtype);
+    MatmulArgs rows = a;  // the float rows of the current panel, for the other formats
+    rows.w = a.scratch;
+    rows.wtype = DType::F32;
+    rows.w_row_bytes = static_cast<size_t>(a.k) * sizeof(float);
+    rows.w_layout = WLayout::kRows;
     for (int64_t r = a.row0, nrows = 0; r < a.row1; r += nrows) {
         // Panels of 48 rows, but 49..64 rows left go as 32 + the rest: two 2-vector tiles instead
         // of a 3-vector and a 1-vector one (the 1-vector tile is the slowest per row).
@@ -79,9 +95,23 @@ EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
         const int nv = static_cast<int>((nrows + 15) / 16);
         const __mmask16 last_mask = tail_mask(nrows - 16 * (nv - 1));
         const TileFn* tiles = kTiles[nv - 1];
+        if (!direct) {
+            void* unpacked = a.scratch + kPanelRows * a.k;  // a row of the x8 copy, back in the file's bytes
+            for (int64_t i = 0; i < nrows; ++i) {
+                const void* row = static_cast<const uint8_t*>(a.w) + static_cast<size_t>(r + i) * a.w_row_bytes;
+                if (a.w_layout == WLayout::kX8) {
+                    x8_unpack_row(a.wtype, a.w, a.k, r + i, unpacked);
+                    row = unpacked;
+                }
+                dequantize_row_avx2(a.wtype, row, a.scratch + i * a.k, a.k);
+            }
+        }
         for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
             const int64_t kc = a.k - k0 < kKc ? a.k - k0 : kKc;
-            fill_panel(a, r, static_cast<int>(nrows), k0, kc, panel);
+            if (direct)
+                fill_panel(a, r, static_cast<int>(nrows), k0, kc, panel);
+            else
+                fill_panel(rows, 0, static_cast<int>(nrows), k0, kc, panel);
             // p16: the next block's weights (the next k block of these groups, or the first of the
             // next panel's) are prefetched into L2 a slice per tile while the tiles run, so the
             // next fill finds them there.

@@ -127,7 +127,7 @@ EV_AVX512VNNI void run_x8(const MatmulArgs& a, BlockQ8A* yq, ActX8* xa) {
 
 }  // namespace
 
-// a.w is the x8-packed weight. scratch (kMatmulScratchRows * k floats = 20 bytes per column):
+// a.w is the x8-packed weight. scratch (kMatmulScratchRows * k floats, at least 20 bytes per column):
 // the activation blocks (44 bytes per 32 columns), then their broadcasts (256 bytes per 32
 // columns) from the next 64-byte boundary: 300 + 63 bytes per 32 columns at most, k >= 32.
 EV_AVX512VNNI void matmul_avx512vnni_q8act_x8(const MatmulArgs& a) {
