@@ -17,7 +17,9 @@
 #                                               no AMX; -DGGML_NATIVE=OFF), built with CMake from
 #                                               the llama-cpp-python sdist into ROBOT_LIB (~10-20
 #                                               min on 2 cores): `edgevlm bench --profile robot`
-#                                               loads it through LLAMA_CPP_LIB_PATH
+#                                               loads it through LLAMA_CPP_LIB_PATH; with
+#                                               --with-mtmd also a robot llama-mtmd-cli there
+#                                               (~5 more min), which that bench's vision rows run
 #   --sdist PATH                                with --robot: the sdist to build (.tar.gz or its
 #                                               unpacked folder; default: pip download of the
 #                                               installed llama-cpp-python's version)
@@ -41,7 +43,7 @@ while [ $# -gt 0 ]; do
         --sdist)
             [ $# -ge 2 ] || { echo "install_bench_extra: --sdist needs a path" >&2; exit 2; }
             sdist=$2; shift ;;
-        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "install_bench_extra: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -51,9 +53,6 @@ if [ -n "$sdist" ] && [ "$robot" = 0 ]; then
 fi
 if [ -n "$sdist" ] && [ ! -e "$sdist" ]; then
     echo "install_bench_extra: --sdist $sdist not found" >&2; exit 2
-fi
-if [ "$robot" = 1 ] && [ "$with_mtmd" = 1 ]; then
-    echo "install_bench_extra: --robot builds only libllama; run --with-mtmd separately" >&2; exit 2
 fi
 if [ ! -x "$VPY" ]; then
     echo "install_bench_extra: $VPY not found: run scripts/setup.sh first" >&2
@@ -71,10 +70,17 @@ if [ "$robot" = 1 ]; then
 -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
 -DGGML_AMX_BF16=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF \
 -DGGML_SYCL=OFF -DGGML_OPENCL=OFF"
+    need_lib=1
+    need_cli=$with_mtmd
     if [ "$force" = 0 ] && [ -f "$ROBOT_LIB/libllama.so" ]; then
         echo "[bench-extra] $ROBOT_LIB/libllama.so exists (--force rebuilds)"
-        exit 0
+        need_lib=0
     fi
+    if [ "$need_cli" = 1 ] && [ "$force" = 0 ] && [ -x "$ROBOT_LIB/llama-mtmd-cli" ]; then
+        echo "[bench-extra] $ROBOT_LIB/llama-mtmd-cli exists (--force rebuilds)"
+        need_cli=0
+    fi
+    [ "$need_lib" = 1 ] || [ "$need_cli" = 1 ] || exit 0
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     if [ -z "$sdist" ]; then
@@ -91,20 +97,36 @@ if [ "$robot" = 1 ]; then
     fi
     [ -f "$work/src/llama.cpp/CMakeLists.txt" ] || {
         echo "install_bench_extra: $sdist holds no vendor/llama.cpp" >&2; exit 1; }
-    echo "[bench-extra] building libllama for the robot profile ($JOBS jobs) into $ROBOT_LIB"
-    start=$(date +%s)
-    # shellcheck disable=SC2086
-    cmake -S "$work/src/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
-        $ROBOT_FLAGS $LLAMA_MIN -DLLAMA_BUILD_TOOLS=OFF > "$work/cmake.log" || {
-        tail -20 "$work/cmake.log" >&2; exit 1; }
-    cmake --build "$work/build" --target llama -j "$JOBS" > "$work/build.log" || {
-        tail -20 "$work/build.log" >&2; exit 1; }
-    mkdir -p "$ROBOT_LIB"
-    cp -P "$work"/build/bin/lib*.so* "$ROBOT_LIB/"
-    echo "[bench-extra] built $ROBOT_LIB/libllama.so in $(( ($(date +%s) - start) / 60 )) min"
-    # Loading runs no AVX-VNNI instruction: the check works on a build machine without it.
-    LLAMA_CPP_LIB_PATH="$ROBOT_LIB" "$VPY" -c "import llama_cpp; print('[bench-extra] robot llama.cpp:', llama_cpp.llama_print_system_info().decode().strip())"
+    if [ "$need_lib" = 1 ]; then
+        echo "[bench-extra] building libllama for the robot profile ($JOBS jobs) into $ROBOT_LIB"
+        start=$(date +%s)
+        # shellcheck disable=SC2086
+        cmake -S "$work/src/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+            -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
+            $ROBOT_FLAGS $LLAMA_MIN -DLLAMA_BUILD_TOOLS=OFF > "$work/cmake.log" || {
+            tail -20 "$work/cmake.log" >&2; exit 1; }
+        cmake --build "$work/build" --target llama -j "$JOBS" > "$work/build.log" || {
+            tail -20 "$work/build.log" >&2; exit 1; }
+        mkdir -p "$ROBOT_LIB"
+        cp -P "$work"/build/bin/lib*.so* "$ROBOT_LIB/"
+        echo "[bench-extra] built $ROBOT_LIB/libllama.so in $(( ($(date +%s) - start) / 60 )) min"
+        # Loading runs no AVX-VNNI instruction: the check works on a build machine without it.
+        LLAMA_CPP_LIB_PATH="$ROBOT_LIB" "$VPY" -c "import llama_cpp; print('[bench-extra] robot llama.cpp:', llama_cpp.llama_print_system_info().decode().strip())"
+    fi
+    if [ "$need_cli" = 1 ]; then
+        echo "[bench-extra] building llama-mtmd-cli for the robot profile ($JOBS jobs) into $ROBOT_LIB"
+        start=$(date +%s)
+        # Static, as the native one: the binary needs none of the shared libraries.
+        # shellcheck disable=SC2086
+        cmake -S "$work/src/llama.cpp" -B "$work/build-mtmd" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+            $ROBOT_FLAGS $LLAMA_MIN -DLLAMA_BUILD_TOOLS=ON > "$work/cmake-mtmd.log" || {
+            tail -20 "$work/cmake-mtmd.log" >&2; exit 1; }
+        cmake --build "$work/build-mtmd" --target llama-mtmd-cli -j "$JOBS" > "$work/build-mtmd.log" || {
+            tail -20 "$work/build-mtmd.log" >&2; exit 1; }
+        mkdir -p "$ROBOT_LIB"
+        install -m 755 "$work/build-mtmd/bin/llama-mtmd-cli" "$ROBOT_LIB/llama-mtmd-cli"
+        echo "[bench-extra] built $ROBOT_LIB/llama-mtmd-cli in $(( ($(date +%s) - start) / 60 )) min"
+    fi
     exit 0
 fi
 

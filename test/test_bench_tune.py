@@ -52,7 +52,7 @@ def _table_rows(text: str) -> list[list[str]]:
 def test_bench_quick_without_llama_cpp(tmp_path, monkeypatch, capsys, text_model_path):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now fails
     # ...and llama.cpp's vision CLI, which the bench extra also installs into the venv, is not found.
-    monkeypatch.setattr(bench, "find_mtmd_cli", lambda explicit=None: None)
+    monkeypatch.setattr(bench, "find_mtmd_cli", lambda explicit=None, peer_dir=None: None)
     out_json = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
     rc = bench.main(["--quick", "--model", str(text_model_path), "--json", str(out_json), "--png", str(png),
@@ -394,14 +394,30 @@ def test_install_bench_extra_arguments():
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30, check=False)
 
-    assert "--robot" in run("--help").stdout
+    assert "--robot" in run("--help").stdout and "robot llama-mtmd-cli" in run("--help").stdout
     for args, msg in ((["--sdist", "x"], "--sdist goes with --robot"),
                       (["--robot", "--sdist"], "--sdist needs a path"),
                       (["--robot", "--sdist", "/nonexistent/sdist"], "not found"),
-                      (["--robot", "--with-mtmd"], "builds only libllama"),
                       (["--bogus"], "unknown argument")):
         proc = run(*args)
         assert proc.returncode == 2 and msg in proc.stderr, (args, proc.stderr)
+
+
+def test_mtmd_cli_of_the_profile_comes_first(tmp_path, monkeypatch):
+    """The robot profile's llama-mtmd-cli (in its peer folder) is preferred to the venv's native one;
+    --mtmd-cli and $EDGEVLM_LLAMA_MTMD_CLI still win; a folder without one falls back."""
+    native, robot = tmp_path / "venv" / "llama-mtmd-cli", tmp_path / "robot" / "llama-mtmd-cli"
+    for f in (native, robot):
+        f.parent.mkdir()
+        f.write_text("#!/bin/sh\n")
+        f.chmod(0o755)
+    monkeypatch.delenv("EDGEVLM_LLAMA_MTMD_CLI", raising=False)
+    monkeypatch.setattr(bench.sys, "executable", str(native.parent / "python"))
+    assert bench.find_mtmd_cli(None, robot.parent) == str(robot)
+    assert bench.find_mtmd_cli(None, tmp_path / "empty") == str(native)
+    assert bench.find_mtmd_cli(str(native), robot.parent) == str(native)
+    monkeypatch.setenv("EDGEVLM_LLAMA_MTMD_CLI", str(native))
+    assert bench.find_mtmd_cli(None, robot.parent) == str(native)
 
 
 def test_bench_peer_lib_loads_that_build(tmp_path, text_model_path):

@@ -533,9 +533,11 @@ def build_vision_model(cache_dir: Path, vision_layers: int, log: Callable[[str],
     return text_path, mmproj_path
 
 
-def find_mtmd_cli(explicit: str | None = None) -> str | None:
-    """llama.cpp's multimodal CLI: --mtmd-cli, $EDGEVLM_LLAMA_MTMD_CLI, the venv, or $PATH."""
+def find_mtmd_cli(explicit: str | None = None, peer_dir: Path | None = None) -> str | None:
+    """llama.cpp's multimodal CLI: --mtmd-cli, $EDGEVLM_LLAMA_MTMD_CLI, the profile's peer folder
+    (the robot build's, scripts/install_bench_extra.sh --robot --with-mtmd), the venv, or $PATH."""
     candidates = [explicit, os.environ.get("EDGEVLM_LLAMA_MTMD_CLI"),
+                  str(peer_dir / "llama-mtmd-cli") if peer_dir else None,
                   str(Path(sys.executable).parent / "llama-mtmd-cli"), shutil.which("llama-mtmd-cli")]
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
@@ -871,9 +873,16 @@ def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
         encode(pixels)
         return (time.perf_counter() - t0) * 1e3
 
-    cli = find_mtmd_cli(cfg.mtmd_cli) if cfg.peer else None
+    peer_dir = cfg.peer_lib or (default_robot_lib() if cfg.profile == "robot" else None)
+    cli = find_mtmd_cli(cfg.mtmd_cli, peer_dir) if cfg.peer else None
     peer_samples: list[float] = []
     peer_note = ""
+    cli_note = ""
+    if cli is not None and peer_dir is not None and Path(cli).parent != peer_dir:
+        cli_note = (
+            f"llama.cpp: llama-mtmd-cli {cli} is not the {cfg.profile} profile's build (none in {peer_dir}: "
+            "scripts/install_bench_extra.sh --robot --with-mtmd builds one): its vision runs with every "
+            "instruction set this CPU has")
     image_path: Path | None = None
     if cfg.peer and cli is None:
         peer_note = "llama.cpp: no llama-mtmd-cli binary found (scripts/install_bench_extra.sh --with-mtmd builds one)"
@@ -909,6 +918,8 @@ def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
     row.peer = _median(good) if good else None
     row.samples = {"ours_ms": a, "peer_ms": b, "peer_slices_ms": peer_samples}
     notes = [f"{vcfg['n_layer']} layers, width {vcfg['n_embd']}, random weights"]
+    if cli_note:
+        notes.append(cli_note)
     if peer_note:
         notes.append(peer_note)
     elif cli and slices:
