@@ -72,6 +72,36 @@ def test_noise_drafts_and_deadlines_keep_the_text_exact(engine: Any) -> None:
     assert lookup_ids([[1, 2], [], [3]]) == [1, 2, -1, -1, 3]
 
 
+def _repeats(tokens: list[int], prompt: list[int]) -> bool:
+    """Whether some later bigram of the answer occurred before, in the answer or the prompt, with
+    the same token after it: a draft n-gram speculation would have proposed and kept."""
+    seen = list(prompt) + [-2]
+    for j in range(2, len(tokens) - 1):
+        tail, nxt = tokens[j - 1 : j + 1], tokens[j + 1]
+        earlier = seen + tokens[:j]
+        if any(earlier[i : i + 2] == tail and i + 2 < len(earlier) and earlier[i + 2] == nxt
+               for i in range(len(earlier) - 2)):
+            return True
+    return False
+
+
+def test_ngram_drafts_of_the_prompt_and_the_answer(engine: Any) -> None:
+    """drafts_from=[]: no earlier answers, drafts from n-grams of the prompt and of the answer so far
+    (an answer that repeats itself or quotes its question): the same tokens as plain greedy, and
+    where such an n-gram is there to find, drafts accepted."""
+    for prompt in ("Repeat three times: the red robot lifts the blue box.",
+                   "Write the word 'forward' ten times, separated by commas."):
+        ids = engine.encode_prompt(prompt)
+        plain = engine.generate_ids(ids, max_new_tokens=40)
+        s = engine.generate_ids(ids, max_new_tokens=40, drafts_from=[])
+        assert s.token_ids == plain.token_ids, prompt
+        spec = _spec(s)
+        assert spec["accepted"] <= spec["drafted"]
+        if _repeats(plain.token_ids, ids):
+            assert spec["accepted"] > 0, (prompt, plain.text, spec)
+    assert _repeats([1, 2, 3, 9, 1, 2, 3], []) and not _repeats([1, 2, 3, 4], [])
+
+
 def test_constrained_answers_ignore_drafts(engine: Any) -> None:
     ids = engine.encode_prompt("Is the sky blue? Answer yes or no.")
     a = engine.generate_ids(ids, max_new_tokens=8, choices=["yes", "no"])

@@ -93,8 +93,10 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     decode, detokenize.
 
     drafts_from: token ids of earlier answers (e.g. this camera's last descriptions): speculation
-    drafts from them and verifies the drafts in decode-phase passes; the tokens are the same as
-    without (the engine's Decoder.generate, `lookup`). Ignored with a constraint.
+    drafts from them, and from n-grams of the prompt and of the answer so far, and verifies the
+    drafts in decode-phase passes; the tokens are the same as without (the engine's
+    Decoder.generate, `lookup`). An empty list: n-gram drafts only; None: no speculation. Ignored
+    with a constraint.
 
     t0 (perf_counter seconds): when the request began, so that `total` and the deadline cover the
     stages done before (stages_ms: preprocess, vision, tokenize), which come first in timings_ms.
@@ -121,7 +123,7 @@ def generate(native: Any, tokenizer: Any, stop_ids: Sequence[int], ids: Sequence
     budget = 0.0
     if deadline_ms is not None and deadline_ms > 0:  # the deadline covers the whole request
         budget = max(deadline_ms - (time.perf_counter() - t0) * 1e3, 1e-6)
-    lookup = lookup_ids(drafts_from) if drafts_from and constraint is None else None
+    lookup = lookup_ids(drafts_from) if drafts_from is not None and constraint is None else None
     if on_partial is not None and partial_every > 0:
         with _Streamer(native, tokenizer, on_partial, partial_every):
             r = native.generate(request, max_new_tokens, list(stop_ids), budget, constraint, lookup)

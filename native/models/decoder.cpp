@@ -243,22 +243,40 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
     c.compute.pool().run(ch.n * cfg.n_head, body);
 }
 
-int64_t propose_drafts(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lookup,
-                       const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out) {
+namespace {
+
+// The tokens that follow the latest occurrence of `tail` (len ids) in seq[0, end), up to -1, a stop
+// id or max_k of them (the following ids may run on past `end`, up to n), into out; how many.
+int64_t follow(const int32_t* tail, int64_t len, const int32_t* seq, int64_t end, int64_t n,
+               const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out) {
+    for (int64_t at = end - len; at >= 0; --at) {  // latest occurrence first; a token must follow it
+        if (at + len >= n || !std::equal(tail, tail + len, seq + at)) continue;
+        int64_t k = 0;
+        for (int64_t j = at + len; j < n && k < max_k; ++j) {
+            const int32_t t = seq[j];
+            if (t < 0 || std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) break;
+            out[k++] = t;
+        }
+        if (k > 0) return k;
+    }
+    return 0;
+}
+
+}  // namespace
+
+int64_t propose_drafts(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lookup, const int32_t* prompt,
+                       int64_t n_prompt, const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out) {
     if (max_k <= 0 || tokens.empty()) return 0;
     const int64_t n = static_cast<int64_t>(lookup.size()), nt = static_cast<int64_t>(tokens.size());
-    for (int64_t len = std::min<int64_t>(3, nt); len >= 1; --len) {
+    for (int64_t len = std::min<int64_t>(3, nt); len >= 1; --len)
+        if (const int64_t k = follow(tokens.data() + nt - len, len, lookup.data(), n, n, stop_ids, max_k, out)) return k;
+    // n-grams of the answer so far (an earlier occurrence: it ends before the tail starts), then of
+    // the prompt; a single id is too weak a match there.
+    for (int64_t len = std::min<int64_t>(3, nt); len >= 2; --len) {
         const int32_t* tail = tokens.data() + nt - len;
-        for (int64_t at = n - len - 1; at >= 0; --at) {  // latest occurrence first; a token must follow it
-            if (!std::equal(tail, tail + len, lookup.data() + at)) continue;
-            int64_t k = 0;
-            for (int64_t j = at + len; j < n && k < max_k; ++j) {
-                const int32_t t = lookup[static_cast<size_t>(j)];
-                if (t < 0 || std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) break;
-                out[k++] = t;
-            }
-            if (k > 0) return k;
-        }
+        if (const int64_t k = follow(tail, len, tokens.data(), nt - 1, nt, stop_ids, max_k, out)) return k;
+        if (prompt && n_prompt > 0)
+            if (const int64_t k = follow(tail, len, prompt, n_prompt, n_prompt, stop_ids, max_k, out)) return k;
     }
     return 0;
 }
@@ -303,7 +321,8 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     // comes from the prefill's logits, each later one needs a position).
     if (constraint) constraint->start(std::min<int64_t>(max_new, n_ctx_ - n_past_ + 1));
     const int64_t V = cfg_.n_vocab;
-    const bool speculate = lookup && !lookup->empty() && !constraint && rec_.empty();
+    // drafts_from given (even empty: n-grams of the prompt and the answer are drafts too)
+    const bool speculate = lookup && !constraint && rec_.empty();
     const int64_t base = n_past_;  // generated token j sits at position base + j
     int64_t n_fed = 0;             // generated tokens whose keys and values are in the cache, confirmed
     // The drafts the last verification pass ran after the token it decoded, not yet confirmed:
@@ -370,7 +389,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         int64_t k = 0;
         if (speculate) {
             const int64_t want = accept_rate >= 0.6 ? 2 : accept_rate >= 0.4 || since_pass >= 8 ? 1 : 0;
-            k = propose_drafts(out.tokens, *lookup, stop_ids,
+            k = propose_drafts(out.tokens, *lookup, p.ids, p.n, stop_ids,
                                std::min({want, kMaxDraft, max_new - i - 2, n_ctx_ - n_past_ - 1}), draft.data());
         }
         since_pass = k > 0 ? 0 : since_pass + 1;

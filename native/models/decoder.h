@@ -58,10 +58,12 @@ struct GenerateResult {
 // decode steps, so a verified token is the token plain greedy decoding gives.
 constexpr int64_t kMaxDraft = evk::kDecodeMaxTokens - 1;
 
-// generate()'s draft source: the tokens that followed the longest run (1-3) of `tokens`' last ids in
-// `lookup` (its latest occurrence), up to -1, a stop id or max_k of them, into out; how many.
-int64_t propose_drafts(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lookup,
-                       const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out);
+// generate()'s draft sources, in this order: the tokens that followed the longest run (1-3) of
+// `tokens`' last ids in `lookup` (earlier answers; its latest occurrence); else n-grams of the
+// answer itself and then of the prompt (`prompt`, n_prompt ids): what followed an earlier
+// occurrence of its last 3 or 2 ids. Up to -1, a stop id or max_k of them, into out; how many.
+int64_t propose_drafts(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lookup, const int32_t* prompt,
+                       int64_t n_prompt, const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out);
 
 // What one prefill runs: n token ids, where the rows at `slots` (strictly increasing positions in
 // [0, n)) take rows of `features` (n_slots x n_embd floats: the image) instead of their token's
