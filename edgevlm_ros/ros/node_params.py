@@ -82,8 +82,9 @@ PARAMS: tuple[ParamSpec, ...] = (
               runtime=True),
     ParamSpec("description_schema", "", "JSON schema the periodic description must follow (published on "
               "C/description/json as well as C/description); empty: free text", runtime=True),
-    ParamSpec("speculation", True, "draft each description from the camera's last 3 (speculative decoding: "
-              "the same text, sooner when the view changes slowly; not with a schema or a recurrent decoder)",
+    ParamSpec("speculation", True, "draft each description from the camera's last 3 and n-grams of the prompt "
+              "and the answer (speculative decoding: the same text, sooner when the view changes slowly; not "
+              "with a schema or a recurrent decoder)",
               runtime=True),
 )
 _SPECS = {p.name: p for p in PARAMS}
