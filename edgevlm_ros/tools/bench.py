@@ -156,6 +156,12 @@ def choose_peer_lib(lib: Path, profile: str, cpu: Mapping[str, bool]) -> tuple[P
     return lib, f"llama.cpp: libllama from {lib} (LLAMA_CPP_LIB_PATH)"
 
 
+def peer_dir(cfg: BenchConfig) -> Path | None:
+    """Where the profile's llama.cpp lives: --peer-lib, else the robot build's folder for the robot
+    profile, else none (the installed llama_cpp and llama-mtmd-cli)."""
+    return cfg.peer_lib or (default_robot_lib() if cfg.profile == "robot" else None)
+
+
 def apply_profile(cfg: BenchConfig) -> dict[str, Any]:
     """Makes our operator table and llama.cpp's library those of cfg.profile (and --optable /
     --peer-lib); returns what was done. Runs before either engine is loaded."""
@@ -165,7 +171,7 @@ def apply_profile(cfg: BenchConfig) -> dict[str, Any]:
     elif cfg.profile == "robot":
         info["optable"] = optable.activate_text(
             optable.robot_table(), f"robot profile (built-in rules needing only {optable.ROBOT_FEATURES})")
-    lib = cfg.peer_lib or (default_robot_lib() if cfg.profile == "robot" else None)
+    lib = peer_dir(cfg)
     if lib is not None and cfg.peer:
         from .. import _engine
 
@@ -873,14 +879,14 @@ def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
         encode(pixels)
         return (time.perf_counter() - t0) * 1e3
 
-    peer_dir = cfg.peer_lib or (default_robot_lib() if cfg.profile == "robot" else None)
-    cli = find_mtmd_cli(cfg.mtmd_cli, peer_dir) if cfg.peer else None
+    profile_dir = peer_dir(cfg)
+    cli = find_mtmd_cli(cfg.mtmd_cli, profile_dir) if cfg.peer else None
     peer_samples: list[float] = []
     peer_note = ""
     cli_note = ""
-    if cli is not None and peer_dir is not None and Path(cli).parent != peer_dir:
+    if cli is not None and profile_dir is not None and Path(cli).parent != profile_dir:
         cli_note = (
-            f"llama.cpp: llama-mtmd-cli {cli} is not the {cfg.profile} profile's build (none in {peer_dir}: "
+            f"llama.cpp: llama-mtmd-cli {cli} is not the {cfg.profile} profile's build (none in {profile_dir}: "
             "scripts/install_bench_extra.sh --robot --with-mtmd builds one): its vision runs with every "
             "instruction set this CPU has")
     image_path: Path | None = None

@@ -4,7 +4,7 @@
 // the operator table calls them only on CPUs that report avx512f, fma and f16c.
 #pragma once
 #if defined(__x86_64__)
-#include "../matmul/avx512_intrin.h"  // <immintrin.h> without GCC 12's false warnings
+#include "../matmul/avx512_intrin.h"  // <immintrin.h> without GCC 12's false warnings; tail_mask16
 
 #include <cstdint>
 
@@ -40,11 +40,6 @@ EV_AVX512 inline __m512 sigmoid16(__m512 z) {
     const __m512 one = _mm512_set1_ps(1.f);
     const __m512 num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), one, t);
     return _mm512_div_ps(num, _mm512_add_ps(one, t));
-}
-
-// Lanes [0, rem) of 16, for masked loads and stores of a tail (rem in [0, 16]).
-inline __mmask16 tail_mask16(int64_t rem) {
-    return static_cast<__mmask16>(rem >= 16 ? 0xffffu : (1u << rem) - 1u);
 }
 
 }  // namespace evk

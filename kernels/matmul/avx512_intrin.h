@@ -13,4 +13,13 @@
 #else
 #include <immintrin.h>
 #endif
+
+#include <cstdint>
+
+namespace evk {
+// The first min(n, 16) lanes (n >= 0): masked loads and stores of a tail of 16-float vectors.
+inline __mmask16 tail_mask16(int64_t n) {
+    return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+}
+}  // namespace evk
 #endif

@@ -21,9 +21,6 @@ namespace avx512 {
 
 EV_AVX512 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
-EV_AVX512 inline __mmask16 tail_mask(int64_t n) {  // the first min(n, 16) lanes
-    return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-}
 
 // Elements e..e+15 of one quantized block, from its 16 quant bytes (Q8_0: the half holding them;
 // Q4: the whole block, element i in byte i % 16's low nibble, i + 16 in its high one), its scale d
@@ -46,7 +43,7 @@ EV_AVX512 inline __m512 expand16(__m128i raw, float d, float mn, int64_t e) {
 // formats e is a multiple of 16 and k of 32 (a whole block's half is always present).
 template <DType T>
 EV_AVX512 inline __m512 load16(const uint8_t* row, int64_t e, int64_t k) {
-    const __mmask16 m = tail_mask(k - e);
+    const __mmask16 m = tail_mask16(k - e);
     switch (T) {
     case DType::F32:
         return _mm512_maskz_loadu_ps(m, row + 4 * e);

@@ -49,8 +49,7 @@ EV_AVX2 inline void nibbles_to_floats(const uint8_t* qs, __m256 d, __m256 bias, 
 
 }  // namespace
 
-// A row of any format to float, vectorized where the format has a fast path (also the AVX-512
-// GEMM's expansion of the formats its panel fill does not read, matmul_avx512.cpp).
+// A row of any format to float, vectorized where the format has a fast path.
 EV_AVX2 void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n) {
     switch (t) {
     case DType::F16: {
@@ -109,6 +108,21 @@ EV_AVX2 void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n
     default:
         dequantize_row(t, src, dst, n);
         return;
+    }
+}
+
+// Rows [r, r + n) of a's weight (the file's rows or the decode kernels' x8 copy, unpacked to the
+// file's bytes first in dst + n * a.k) as n float rows of a.k in dst: the GEMMs' panels of the
+// formats they do not expand themselves (avx2_gemm: all; avx512_gemm: matmul_avx512.cpp).
+EV_AVX2 void expand_rows_avx2(const MatmulArgs& a, int64_t r, int64_t n, float* dst) {
+    void* unpacked = dst + n * a.k;
+    for (int64_t i = 0; i < n; ++i) {
+        const void* row = static_cast<const uint8_t*>(a.w) + static_cast<size_t>(r + i) * a.w_row_bytes;
+        if (a.w_layout == WLayout::kX8) {
+            x8_unpack_row(a.wtype, a.w, a.k, r + i, unpacked);
+            row = unpacked;
+        }
+        dequantize_row_avx2(a.wtype, row, dst + i * a.k, a.k);
     }
 }
 
@@ -195,15 +209,7 @@ EV_AVX2 void matmul_avx2_gemm(const MatmulArgs& a) {
             reinterpret_cast<uintptr_t>(base) % alignof(float) == 0) {
             panel = reinterpret_cast<const float*>(base + static_cast<size_t>(r) * a.w_row_bytes);
         } else {
-            for (int64_t i = 0; i < nr; ++i) {
-                const void* row = base + static_cast<size_t>(r + i) * a.w_row_bytes;
-                if (a.w_layout == WLayout::kX8) {  // the decode kernels' packed copy: unpack the row first
-                    void* tmp = a.scratch + 4 * a.k;
-                    x8_unpack_row(a.wtype, a.w, a.k, r + i, tmp);
-                    row = tmp;
-                }
-                dequantize_row_avx2(a.wtype, row, a.scratch + i * a.k, a.k);
-            }
+            expand_rows_avx2(a, r, nr, a.scratch);
             panel = a.scratch;
         }
         int64_t t = 0;

@@ -76,7 +76,7 @@ constexpr bool fills_directly(DType t) {
 
 }  // namespace
 
-void dequantize_row_avx2(DType t, const void* src, float* dst, int64_t n);  // matmul_avx2.cpp
+void expand_rows_avx2(const MatmulArgs& a, int64_t r, int64_t n, float* dst);  // matmul_avx2.cpp
 
 EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
     static_assert(kMatmulScratchRows >= kPanelRows + 1, "scratch holds a panel's float rows and one unpacked row");
@@ -93,19 +93,9 @@ EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
         const int64_t left = a.row1 - r;
         nrows = left > kPanelRows + 16 ? kPanelRows : left > kPanelRows ? 32 : left;
         const int nv = static_cast<int>((nrows + 15) / 16);
-        const __mmask16 last_mask = tail_mask(nrows - 16 * (nv - 1));
+        const __mmask16 last_mask = tail_mask16(nrows - 16 * (nv - 1));
         const TileFn* tiles = kTiles[nv - 1];
-        if (!direct) {
-            void* unpacked = a.scratch + kPanelRows * a.k;  // a row of the x8 copy, back in the file's bytes
-            for (int64_t i = 0; i < nrows; ++i) {
-                const void* row = static_cast<const uint8_t*>(a.w) + static_cast<size_t>(r + i) * a.w_row_bytes;
-                if (a.w_layout == WLayout::kX8) {
-                    x8_unpack_row(a.wtype, a.w, a.k, r + i, unpacked);
-                    row = unpacked;
-                }
-                dequantize_row_avx2(a.wtype, row, a.scratch + i * a.k, a.k);
-            }
-        }
+        if (!direct) expand_rows_avx2(a, r, nrows, a.scratch);
         for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
             const int64_t kc = a.k - k0 < kKc ? a.k - k0 : kKc;
             if (direct)
