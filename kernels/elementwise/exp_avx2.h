@@ -14,27 +14,23 @@
 
 #include <cstdint>
 
+#include "exp_poly.h"
+
 #ifndef EV_AVX2
 #define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
 namespace evk {
 
-constexpr float kExpMin = -87.3f;  // exp(-87.3) = 1.26e-38, just above FLT_MIN
-constexpr float kExpMax = 88.0f;   // exp(88) = 1.65e38, n = 127
 
 EV_AVX2 inline __m256 exp8(__m256 x) {
     const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln2, high 16 bits
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);    // ln2, the rest
-    __m256 q = _mm256_set1_ps(1.381461275741458e-3f);
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.368710055947304e-3f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.166838899254799e-2f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.666652113199234e-1f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.999999403953552e-1f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+    __m256 q = _mm256_set1_ps(kExpQ[0]);
+    for (int i = 1; i < 5; ++i) q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(kExpQ[i]));
     const __m256 er = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
     const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(er, _mm256_castsi256_ps(two_n)));

@@ -1,6 +1,5 @@
-// Vector exp and sigmoid for the AVX-512 kernels, 16 floats at a time: exp_avx2.h's method and
-// constants (the same polynomial, the same clamp to [kExpMin, kExpMax], 0 below kExpMin), so the
-// two ISAs round alike lane for lane. Only functions that carry the AVX-512 target include this;
+// Vector exp and sigmoid for the AVX-512 kernels, 16 floats at a time: exp_avx2.h's method with
+// exp_poly.h's constants (the same clamp to [kExpMin, kExpMax], 0 below kExpMin). Only functions that carry the AVX-512 target include this;
 // the operator table calls them only on CPUs that report avx512f, fma and f16c.
 #pragma once
 #if defined(__x86_64__)
@@ -8,7 +7,7 @@
 
 #include <cstdint>
 
-#include "exp_avx2.h"  // kExpMin, kExpMax
+#include "exp_poly.h"
 
 #ifndef EV_AVX512
 #define EV_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
@@ -19,15 +18,11 @@ namespace evk {
 EV_AVX512 inline __m512 exp16(__m512 x) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2, high 16 bits
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);    // ln2, the rest
-    __m512 q = _mm512_set1_ps(1.381461275741458e-3f);
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.368710055947304e-3f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.166838899254799e-2f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.666652113199234e-1f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.999999403953552e-1f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+    __m512 q = _mm512_set1_ps(kExpQ[0]);
+    for (int i = 1; i < 5; ++i) q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(kExpQ[i]));
     const __m512 er = _mm512_add_ps(_mm512_fmadd_ps(q, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
     const __m512i two_n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), er, _mm512_castsi512_ps(two_n));

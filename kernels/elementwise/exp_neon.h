@@ -4,22 +4,22 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
+#include "exp_poly.h"
+
 namespace evk {
 
 // exp(x) = 2^n e^r, n = round(x / ln2), r = x - n ln2 in two parts, e^r = 1 + r + r^2 q(r): the
-// reduction and polynomial of exp_avx2.h's exp8 (its comment derives them), 4 lanes. Inputs are
-// clamped to [-87.3, 88] (n stays a normal exponent); below -87.3 the result is 0.
+// reduction and polynomial of exp_avx2.h's exp8 (its comment derives them; constants in
+// exp_poly.h), 4 lanes. Inputs are clamped to [kExpMin, kExpMax] (n stays a normal exponent);
+// below kExpMin the result is 0.
 inline float32x4_t exp4(float32x4_t x) {
-    const uint32x4_t under = vcltq_f32(x, vdupq_n_f32(-87.3f));
-    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.3f)), vdupq_n_f32(88.0f));
-    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
-    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693145751953125f));
-    r = vfmsq_f32(r, n, vdupq_n_f32(1.42860682030941723e-6f));
-    float32x4_t q = vdupq_n_f32(1.381461275741458e-3f);
-    q = vfmaq_f32(vdupq_n_f32(8.368710055947304e-3f), q, r);
-    q = vfmaq_f32(vdupq_n_f32(4.166838899254799e-2f), q, r);
-    q = vfmaq_f32(vdupq_n_f32(1.666652113199234e-1f), q, r);
-    q = vfmaq_f32(vdupq_n_f32(4.999999403953552e-1f), q, r);
+    const uint32x4_t under = vcltq_f32(x, vdupq_n_f32(kExpMin));
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(kExpMin)), vdupq_n_f32(kExpMax));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(kLog2e)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(kLn2Hi));
+    r = vfmsq_f32(r, n, vdupq_n_f32(kLn2Lo));
+    float32x4_t q = vdupq_n_f32(kExpQ[0]);
+    for (int i = 1; i < 5; ++i) q = vfmaq_f32(vdupq_n_f32(kExpQ[i]), q, r);
     const float32x4_t er = vaddq_f32(vfmaq_f32(r, q, vmulq_f32(r, r)), vdupq_n_f32(1.f));
     const int32x4_t two_n = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
     const float32x4_t y = vmulq_f32(er, vreinterpretq_f32_s32(two_n));
