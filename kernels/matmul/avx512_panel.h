@@ -154,6 +154,13 @@ EV_AVX512 void pack_panel_t(const MatmulArgs& a, int64_t r0, int nrows, int64_t 
     }
 }
 
+// The formats pack_panel expands as they lie; the others (K-quants, Q5_0, Q5_1, IQ4_NL) the caller
+// expands to float rows first (matmul_avx512.cpp).
+constexpr bool pack_panel_reads(DType t) {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q4_0 || t == DType::Q4_1 ||
+           t == DType::Q8_0;
+}
+
 EV_AVX512 inline void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {
     switch (a.wtype) {
     case DType::F32: return pack_panel_t<DType::F32>(a, r0, nrows, k0, kc, panel);
@@ -162,7 +169,7 @@ EV_AVX512 inline void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int
     case DType::Q4_0: return pack_panel_t<DType::Q4_0>(a, r0, nrows, k0, kc, panel);
     case DType::Q4_1: return pack_panel_t<DType::Q4_1>(a, r0, nrows, k0, kc, panel);
     case DType::Q8_0: return pack_panel_t<DType::Q8_0>(a, r0, nrows, k0, kc, panel);
-    default: return;  // not registered for other formats
+    default: return;  // !pack_panel_reads(a.wtype)
     }
 }
 

@@ -67,13 +67,6 @@ constexpr TileFn tiles_for[kTok] = {tile<NV, 1>, tile<NV, 2>, tile<NV, 3>, tile<
                                     tile<NV, 5>, tile<NV, 6>, tile<NV, 7>, tile<NV, 8>};
 constexpr const TileFn* kTiles[kVecs] = {tiles_for<1>, tiles_for<2>, tiles_for<3>};
 
-// The formats the panel fill expands as they lie (avx512_panel.h); the others (K-quants, Q5_0,
-// Q5_1, IQ4_NL) are expanded once per panel into float rows in scratch and filled from there.
-constexpr bool fills_directly(DType t) {
-    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q4_0 || t == DType::Q4_1 ||
-           t == DType::Q8_0;
-}
-
 }  // namespace
 
 void expand_rows_avx2(const MatmulArgs& a, int64_t r, int64_t n, float* dst);  // matmul_avx2.cpp
@@ -81,7 +74,7 @@ void expand_rows_avx2(const MatmulArgs& a, int64_t r, int64_t n, float* dst);  /
 EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
     static_assert(kMatmulScratchRows >= kPanelRows + 1, "scratch holds a panel's float rows and one unpacked row");
     alignas(64) float panel[kPanelRows * kKc];
-    const bool direct = fills_directly(a.wtype);
+    const bool direct = pack_panel_reads(a.wtype);  // else: float rows in scratch first
     MatmulArgs rows = a;  // the float rows of the current panel, for the other formats
     rows.w = a.scratch;
     rows.wtype = DType::F32;
