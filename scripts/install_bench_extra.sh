@@ -62,6 +62,20 @@ fi
 GGML_CPU_ONLY="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF"
 LLAMA_MIN="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
 
+# llama-mtmd-cli from the llama.cpp sources SRC, built in BUILD with the ggml FLAGS, installed in
+# DEST. Static: the binary needs none of the shared libraries the Python package ships.
+build_mtmd_cli() {
+    local src=$1 build=$2 flags=$3 dest=$4
+    # shellcheck disable=SC2086  # flags is a list of -D options
+    cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+        $flags $LLAMA_MIN -DLLAMA_BUILD_TOOLS=ON > "$build.cmake.log" || {
+        tail -20 "$build.cmake.log" >&2; exit 1; }
+    cmake --build "$build" --target llama-mtmd-cli -j "$JOBS" > "$build.log" || {
+        tail -20 "$build.log" >&2; exit 1; }
+    mkdir -p "$dest"
+    install -m 755 "$build/bin/llama-mtmd-cli" "$dest/llama-mtmd-cli"
+}
+
 if [ "$robot" = 1 ]; then
     # The robot profile: what an x86 robot computer (e.g. Alder Lake / Arrow Lake class) has;
     # AVX-512 and AMX explicitly off. Built where the bench runs or cross-built on any x86.
@@ -116,15 +130,7 @@ if [ "$robot" = 1 ]; then
     if [ "$need_cli" = 1 ]; then
         echo "[bench-extra] building llama-mtmd-cli for the robot profile ($JOBS jobs) into $ROBOT_LIB"
         start=$(date +%s)
-        # Static, as the native one: the binary needs none of the shared libraries.
-        # shellcheck disable=SC2086
-        cmake -S "$work/src/llama.cpp" -B "$work/build-mtmd" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-            $ROBOT_FLAGS $LLAMA_MIN -DLLAMA_BUILD_TOOLS=ON > "$work/cmake-mtmd.log" || {
-            tail -20 "$work/cmake-mtmd.log" >&2; exit 1; }
-        cmake --build "$work/build-mtmd" --target llama-mtmd-cli -j "$JOBS" > "$work/build-mtmd.log" || {
-            tail -20 "$work/build-mtmd.log" >&2; exit 1; }
-        mkdir -p "$ROBOT_LIB"
-        install -m 755 "$work/build-mtmd/bin/llama-mtmd-cli" "$ROBOT_LIB/llama-mtmd-cli"
+        build_mtmd_cli "$work/src/llama.cpp" "$work/build-mtmd" "$ROBOT_FLAGS" "$ROBOT_LIB"
         echo "[bench-extra] built $ROBOT_LIB/llama-mtmd-cli in $(( ($(date +%s) - start) / 60 )) min"
     fi
     exit 0
@@ -157,12 +163,7 @@ if [ "$with_mtmd" = 1 ]; then
         "$VPY" -m pip download --quiet --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$version"
         tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
         src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
-        # Static: the binary needs none of the shared libraries the Python package ships.
-        cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-            $GGML_CPU_ONLY $LLAMA_MIN -DLLAMA_BUILD_TOOLS=ON > "$work/cmake.log"
-        cmake --build "$work/build" --target llama-mtmd-cli -j "$JOBS" > "$work/build.log" || {
-            tail -20 "$work/build.log" >&2; exit 1; }
-        install -m 755 "$work/build/bin/llama-mtmd-cli" "$bin_dir/llama-mtmd-cli"
+        build_mtmd_cli "$src" "$work/build" "$GGML_CPU_ONLY" "$bin_dir"
         echo "[bench-extra] installed $bin_dir/llama-mtmd-cli in $(( ($(date +%s) - start) / 60 )) min"
     fi
 fi
