@@ -51,6 +51,7 @@ void matmul_avx2_q8act(const MatmulArgs&);
 void matmul_avx2_q8act_x8(const MatmulArgs&);
 void matmul_avxvnni_q8act_x8(const MatmulArgs&);
 void matmul_avx512vnni_q8act_x8(const MatmulArgs&);
+void matmul_avx512vnni_q8act_x8_ymm(const MatmulArgs&);
 void matmul_avx2_q8act_k(const MatmulArgs&);
 void matmul_avxvnni_q8act_k(const MatmulArgs&);
 void matmul_avx512vnni_q8act_k(const MatmulArgs&);
@@ -263,6 +264,8 @@ const std::vector<Variant>& registry() {
         {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c,avxvnni",
          &kPackX8},
         {EVK_V(matmul, avx512vnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0},
+         "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackX8},
+        {EVK_V(matmul, avx512vnni_q8act_x8_ymm), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K},
          "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackX8},
         {EVK_V(matmul, avx2_q8act_k), {EVK_KQUANT_FORMATS}, "avx2,fma,f16c"},
         {EVK_V(matmul, avxvnni_q8act_k), {EVK_KQUANT_FORMATS}, "avx2,fma,f16c,avxvnni"},

@@ -15,6 +15,12 @@
 // 4 + j. So the activation vector for "dwords (a, a + 1)" is dword a broadcast over the low half and
 // dword a + 1 over the high half, and a block needs four: A[m] = dwords (2m, 2m + 1), m = 0..3.
 // After the dots the two halves are added (row r: lane r + lane 8 + r).
+//
+// Also here: `avx512vnni_q8act_x8_ymm`, the ymm body of the AVX2 / AVX-VNNI x8 kernels
+// (x8_body.inc: Q4_0, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) compiled with the EVEX-encoded 256-bit vpdpbusd
+// of AVX-512 VL + VNNI and 32 vector registers. A CPU with AVX-512 VNNI but no AVX-VNNI (AMD Zen 4,
+// Intel Ice Lake / Cascade Lake) otherwise ran Q5_0 / Q4_K / Q6_K on the maddubs path of
+// avx2_q8act_x8 (docs/kernels/decode-x8-avx512.md, "Zen 4").
 #if defined(__x86_64__)
 #include "avx512_intrin.h"  // first: <immintrin.h> without GCC 12's false warnings
 
@@ -29,6 +35,26 @@
 #define EV_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 namespace evk {
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#endif
+namespace x8_evex {
+using q8act::BlockQ8A;
+using q8act::quantize_act;
+constexpr bool kVnni = true;
+#define EV_DPBUSD _mm256_dpbusd_epi32  // EVEX-encoded (AVX-512 VL + VNNI)
+#include "x8_body.inc"
+#undef EV_DPBUSD
+}  // namespace x8_evex
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 
 namespace {
 
@@ -145,6 +171,9 @@ EV_AVX512VNNI void matmul_avx512vnni_q8act_x8(const MatmulArgs& a) {
         break;
     }
 }
+
+// a.w is the x8-packed weight; scratch: a pass's activation blocks (x8_body.inc).
+EV_AVX512VNNI void matmul_avx512vnni_q8act_x8_ymm(const MatmulArgs& a) { x8_evex::dispatch(a); }
 
 }  // namespace evk
 #endif
