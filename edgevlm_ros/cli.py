@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine.argtypes import OneLineParser, non_negative_int, positive_int, run_command
+from .engine.kv_types import KV_TYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=non_negative_int, default=128, help="most tokens to generate (128)")
     gen.add_argument("--threads", type=positive_int, default=None, help="threads (default: cores, at most 8)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as it is: no chat template")
+    gen.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                     help="how the KV cache stores keys and values (f32)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
     desc = sub.add_parser("describe", help="describe an image (JPEG, PNG, ...) with a text GGUF + mmproj pair")
@@ -43,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--longest-edge", type=positive_int, default=None,
                       help="tiled mode: resize the longest edge to this first (default: the mmproj's)")
     desc.add_argument("--prefix-cache-dir", default=None, help="directory for the system prompt's KV cache file")
+    desc.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                      help="how the KV cache stores keys and values (f32)")
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     desc.add_argument("--choice", action="append", default=None, metavar="TEXT",
                       help="the answer is exactly one of these (repeat it: --choice yes --choice no)")
@@ -72,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     from .engine.text_model import load
 
-    model = load(args.model, threads=args.threads)
+    model = load(args.model, threads=args.threads, kv_type=args.kv_type)
     if not args.raw and model.raw_note:
         print(model.raw_note, file=sys.stderr)
     result = model.generate(args.prompt, max_new_tokens=args.max_tokens, raw=args.raw, system=args.system)
@@ -105,7 +110,8 @@ def _describe(args: argparse.Namespace) -> int:
 
     rgb = _read_rgb(args.image)
     vlm = load_vlm(*resolve_pair(args.model, args.mmproj), threads=args.threads, image_mode=args.image_mode,
-                   system_prompt=args.system, prefix_cache_dir=args.prefix_cache_dir, longest_edge=args.longest_edge)
+                   system_prompt=args.system, prefix_cache_dir=args.prefix_cache_dir, longest_edge=args.longest_edge,
+                   kv_type=args.kv_type)
     default_prompt = DEFAULT_PROMPT if args.model or args.mmproj else DEMO_PROMPT
     schema = args.schema
     if schema is not None and schema.startswith("@"):

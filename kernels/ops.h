@@ -45,17 +45,26 @@ constexpr int64_t kMatmulScratchRows = 49;
 
 // Causal attention of one query row against cached keys/values of one kv head.
 // out[d] = sum_j softmax_j(scale * q.k_j) v_j for j in [0, n_kv); scores holds n_kv floats.
+// The cache holds kv_type elements: F32, F16, or Q8_0 (blocks of 32 along the head, ggml's layout);
+// for F16 and Q8_0 head_dim is a multiple of 32 and at most kMaxAttentionHeadDim, and the strides
+// are multiples of 32 (a row's blocks never straddle two heads).
 struct AttentionArgs {
     const float* q;
-    const float* k;  // n_kv rows, k_stride floats apart
-    const float* v;  // n_kv rows, v_stride floats apart
+    const void* k;  // n_kv rows, k_stride elements of kv_type apart
+    const void* v;  // n_kv rows, v_stride elements apart
     int64_t k_stride, v_stride;
     int64_t n_kv;
     int64_t head_dim;
     float scale;
     float* out;
     float* scores;
+    DType kv_type = DType::F32;
 };
+constexpr int64_t kMaxAttentionHeadDim = 512;
+// Bytes of n elements of a KV cache type (n a multiple of 32 for Q8_0).
+constexpr size_t kv_bytes(DType t, int64_t n) {
+    return t == DType::Q8_0 ? static_cast<size_t>(n / kQK) * 34 : static_cast<size_t>(n) * (t == DType::F16 ? 2 : 4);
+}
 using AttentionFn = void (*)(const AttentionArgs&);
 
 // Element-wise operators with more than one variant (the exp-based ones).

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <cstring>
 #include <optional>
 
@@ -295,14 +296,24 @@ PYBIND11_MODULE(_engine, m) {
         }, py::arg("token"));
 
     py::class_<Decoder>(m, "Decoder")
-        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch) {
+        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch, const std::string& kv_type) {
                  if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
                  if (n_ctx < 0) throw py::value_error("n_ctx must be >= 0 (0 = default)");
                  if (n_batch < 1 || n_batch > 4096) throw py::value_error("n_batch must be in 1..4096");
+                 const evk::DType kt = kv_type == "f32" ? evk::DType::F32 : kv_type == "f16" ? evk::DType::F16
+                                       : kv_type == "q8_0" ? evk::DType::Q8_0 : evk::DType::I8;
+                 if (kt == evk::DType::I8) throw py::value_error("kv_type must be f32, f16 or q8_0, not '" + kv_type + "'");
                  py::gil_scoped_release nogil;
-                 return std::make_unique<Decoder>(std::move(f), threads, n_ctx, n_batch);
+                 return std::make_unique<Decoder>(std::move(f), threads, n_ctx, n_batch, kt);  // invalid_argument: ValueError
              }),
-             py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = 64)
+             py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = 64, py::arg("kv_type") = "f32")
+        .def_property_readonly("kv_type", [](const Decoder& mdl) {
+            std::string n = evk::type_traits(mdl.kv_type())->name;
+            for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+            return n;
+        }, "How the KV cache stores keys and values: 'f32', 'f16' or 'q8_0'.")
+        .def_property_readonly("kv_bytes_per_token", &Decoder::kv_bytes_per_token,
+                               "Bytes the KV cache takes per position (keys and values of every layer with a cache).")
         .def_property_readonly("config", [](const Decoder& mdl) {
             const DecoderConfig& c = mdl.config();
             py::dict d;

@@ -301,17 +301,28 @@ void register_kernel_bindings(py::module_& m) {
 
     m.def("kernel_attention", [](const std::string& table, py::array_t<float, py::array::c_style | py::array::forcecast> q,
                                  py::array_t<float, py::array::c_style | py::array::forcecast> k,
-                                 py::array_t<float, py::array::c_style | py::array::forcecast> v, float scale) {
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> v, float scale,
+                                 const std::string& kv_type) {
         if (q.ndim() != 1 || k.ndim() != 2 || v.ndim() != 2 || k.shape(1) != q.shape(0) || v.shape(1) != q.shape(0) ||
             k.shape(0) != v.shape(0) || k.shape(0) < 1)
             throw py::value_error("q (d,), k and v (n, d) with n >= 1");
         const int64_t d = q.shape(0), n = k.shape(0);
+        const evk::DType t = kv_type == "f32" ? evk::DType::F32 : kv_type == "f16" ? evk::DType::F16
+                             : kv_type == "q8_0" ? evk::DType::Q8_0 : evk::DType::I8;
+        if (t == evk::DType::I8) throw py::value_error("kv_type must be f32, f16 or q8_0");
+        if (t != evk::DType::F32 && (d % evk::kQK != 0 || d > evk::kMaxAttentionHeadDim))
+            throw py::value_error("a f16 / q8_0 cache needs a head size that is a multiple of 32, at most 512");
+        // The keys and values as the cache holds them (the formats' reference conversion).
+        std::vector<uint8_t> kc(evk::kv_bytes(t, n * d)), vc(kc.size());
+        evk::type_traits(t)->from_float(k.data(), kc.data(), n * d);
+        evk::type_traits(t)->from_float(v.data(), vc.data(), n * d);
         py::array_t<float> out(d);
         std::vector<float> scores(static_cast<size_t>(n));
-        evk::AttentionArgs a{q.data(), k.data(), v.data(), d, d, n, d, scale, out.mutable_data(), scores.data()};
+        evk::AttentionArgs a{q.data(), kc.data(), vc.data(), d, d, n, d, scale, out.mutable_data(), scores.data(), t};
         run_variant("attention operator", "attention", table, [&](evk::AttentionFn fn) { fn(a); });
         return out;
-    });
+    }, py::arg("variant"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("kv_type") = "f32",
+       "One query row's attention by a named variant, over keys and values stored as kv_type (f32, f16, q8_0).");
 
     // One exp-based element-wise operator by a named variant ('ref', 'best' = what the operator
     // table picked at start, or a variant name) on a copy of x: softmax over each row of a 2-D x

@@ -41,8 +41,8 @@ DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the varian
 
 # Every matmul variant, by how it treats activations. A new variant must be added to one of these.
 FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
-INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8", "avx512vnni_q8act_x8", "avx512vnni_q8act_x8_ymm",
-                     "avx2_q8act_k", "avxvnni_q8act_k", "avx512vnni_q8act_k"}
+INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8", "avx512vnni_q8act_x8",
+                     "avx512vnni_q8act_x8_ymm", "avx2_q8act_k", "avxvnni_q8act_k", "avx512vnni_q8act_k"}
 SPLIT_BF16_VARIANTS = {"amx_gemm"}
 SPLIT_BF16_TOL = 6e-5  # of sum |w||x|
 GEMM_VARIANTS = ("avx512_gemm", "amx_gemm")  # the panel GEMMs with p16 and k-block paths of their own
@@ -625,6 +625,51 @@ def test_attention_edge_cases(variant: str) -> None:
     want, _ = attention_numpy(q100, k, v, 1.0)
     assert np.all(np.isfinite(out))
     check_close(out, want, attention_bound(q100, k, v, 1.0), "large scores")
+
+
+def kv_roundtrip(x: np.ndarray, kv_type: str) -> np.ndarray:
+    """x as a kv_type cache holds it: the formats' reference conversion there and back."""
+    if kv_type == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    raw = _engine.quantize("Q8_0", x.reshape(-1))
+    return _engine.dequantize("Q8_0", raw, x.size).reshape(x.shape)
+
+
+# Half and int8 caches (the decoder's kv_type): head sizes that are multiples of 32 (one block, the
+# AVX2 variant's 64-float passes and a 32-float last pass), n_kv around its 8-key groups.
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("n_kv", [1, 7, 9, 33, 300])
+@pytest.mark.parametrize("d", [32, 64, 96, 256])
+def test_attention_compressed_cache_vs_ref_vs_numpy(kv_type: str, n_kv: int, d: int) -> None:
+    """Every variant on an f16 / q8_0 cache equals attention in float64 over the keys and values the
+    cache holds (their round trip through the format), within the float tolerance; and the q8_0
+    cache stays within int8's error of the float cache."""
+    rng = np.random.default_rng(n_kv * 7 + d + len(kv_type))
+    q = (rng.standard_normal(d) * 2.0).astype(np.float32)
+    k = rng.standard_normal((n_kv, d)).astype(np.float32)
+    v = (rng.standard_normal((n_kv, d)) * 3.0).astype(np.float32)
+    scale = float(1.0 / np.sqrt(d))
+    kq, vq = kv_roundtrip(k, kv_type), kv_roundtrip(v, kv_type)
+    want, _ = attention_numpy(q, kq, vq, scale)
+    bound = attention_bound(q, kq, vq, scale)
+    for variant in ["ref", "best"] + attention_variants():
+        out = _engine.kernel_attention(variant, q, k, v, scale, kv_type=kv_type)
+        assert out.shape == (d,) and out.dtype == np.float32
+        check_close(out, want, bound, f"attention {variant} kv_type={kv_type} n_kv={n_kv} d={d}")
+    # Against the float cache: the format's own error, not a bug's (q8_0: d / 2 per element of
+    # keys and values; a 4-key swap or a lost block scale is orders of magnitude beyond).
+    exact, _ = attention_numpy(q, k, v, scale)
+    err = np.abs(_engine.kernel_attention("best", q, k, v, scale, kv_type=kv_type) - exact)
+    assert float(err.max()) < (0.05 if kv_type == "q8_0" else 0.005) * float(np.abs(v).max())
+
+
+def test_attention_compressed_cache_checks() -> None:
+    q = np.zeros(40, np.float32)
+    kv = np.zeros((3, 40), np.float32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _engine.kernel_attention("ref", q, kv, kv, 1.0, kv_type="q8_0")
+    with pytest.raises(ValueError, match="kv_type"):
+        _engine.kernel_attention("ref", q[:32], kv[:, :32], kv[:, :32], 1.0, kv_type="q4_0")
 
 
 def test_attention_argument_checks() -> None:

@@ -85,9 +85,13 @@ def _file_identity(path: Path) -> bytes:
     return h.digest()
 
 
-def cache_key(model_path: Path, token_ids: Sequence[int]) -> str:
+def cache_key(model_path: Path, token_ids: Sequence[int], kv_type: str = "f32") -> str:
+    """The file's key: model, engine and tokens, and the KV cache's type when it is not f32 (a q8_0
+    cache's keys and values are not an f32 cache's)."""
     h = hashlib.sha256(_file_identity(model_path))
     h.update(ENGINE_KV_VERSION.encode())
+    if kv_type != "f32":
+        h.update(f"kv_type={kv_type}".encode())
     h.update(np.asarray(token_ids, dtype="<i4").tobytes())
     return h.hexdigest()
 

@@ -17,6 +17,7 @@ from . import optable, prefix_cache
 from .chat_template import render_chat
 from .constraints import choice_constraint, parse_schema, schema_constraint
 from .generation import GenerationResult, PrefixState, PromptCache, generate
+from .kv_types import check_kv_type
 from .latency import TOKENIZE
 from .paths import default_threads, resolve_model
 from .tokenizer import Tokenizer
@@ -28,13 +29,17 @@ class TextModel:
     """Load with `edgevlm_ros.load()`. Not thread-safe: one generation at a time."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, threads: int | None = None,
-                 n_ctx: int = 2048, n_batch: int = 64) -> None:
+                 n_ctx: int = 2048, n_batch: int = 64, kv_type: str = "f32") -> None:
         optable.ensure_active()
         self.path: Path = resolve_model(path)
         self.file = _engine.GGUFFile(str(self.path))
         self.metadata: dict[str, Any] = self.file.metadata()
         self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
-        self.native = _engine.Decoder(self.file, threads=threads or default_threads(), n_ctx=n_ctx, n_batch=n_batch)
+        # kv_type: how the KV cache stores keys and values (KV_TYPES); ValueError for a head size
+        # f16 / q8_0 cannot take.
+        check_kv_type(kv_type)
+        self.native = _engine.Decoder(self.file, threads=threads or default_threads(), n_ctx=n_ctx, n_batch=n_batch,
+                                      kv_type=kv_type)
         self.config: dict[str, Any] = self.native.config
         log.info("%s: kernels %s (operator table: %s)", self.path.name, self.native.variants(),
                  _engine.optable_source())
@@ -108,7 +113,7 @@ class TextModel:
         ids = [int(t) for t in token_ids]
         if not cache_dir:
             return self.prefix(ids), "built (no cache dir)"
-        key = prefix_cache.cache_key(self.path, ids)
+        key = prefix_cache.cache_key(self.path, ids, self.native.kv_type)
         path = prefix_cache.cache_path(cache_dir, key)
         status = "built"
         if path.exists():
@@ -183,6 +188,8 @@ class TextModel:
                         deadline_ms=deadline_ms, t0=t0, stages_ms={TOKENIZE: tokenize_ms}, constraint=constraint,
                         drafts_from=drafts_from)
 
-def load(model: str | os.PathLike[str] | None = None, threads: int | None = None, n_ctx: int = 2048) -> TextModel:
+def load(model: str | os.PathLike[str] | None = None, threads: int | None = None, n_ctx: int = 2048,
+         kv_type: str = "f32") -> TextModel:
     """Loads a GGUF text model (the default SmolLM2-135M-Instruct when model is None)."""
-    return TextModel(model, threads=threads, n_ctx=n_ctx)
+    return TextModel(model, threads=threads, n_ctx=n_ctx, kv_type=kv_type)
+

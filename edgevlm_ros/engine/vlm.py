@@ -38,8 +38,8 @@ class VisionLanguageModel:
     def __init__(self, model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
                  threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
                  prefix_cache_dir: str | os.PathLike[str] | None = None, longest_edge: int | None = None,
-                 n_ctx: int = 4096, prefix_cache: bool = True) -> None:
-        self.text = TextModel(model, threads=threads, n_ctx=n_ctx)
+                 n_ctx: int = 4096, prefix_cache: bool = True, kv_type: str = "f32") -> None:
+        self.text = TextModel(model, threads=threads, n_ctx=n_ctx, kv_type=kv_type)
         self.mmproj_path = resolve_model(mmproj, default=DEFAULT_MMPROJ)
         self.mmproj_file = _engine.GGUFFile(str(self.mmproj_path))
         self.mmproj_metadata: dict[str, Any] = self.mmproj_file.metadata()
@@ -172,9 +172,11 @@ class VisionLanguageModel:
 def load_vlm(model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
              threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
              prefix_cache_dir: str | os.PathLike[str] | None = None,
-             longest_edge: int | None = None, prefix_cache: bool = True) -> VisionLanguageModel:
+             longest_edge: int | None = None, prefix_cache: bool = True, kv_type: str = "f32") -> VisionLanguageModel:
     """Loads a text GGUF and its mmproj; refuses pairs that do not fit together.
 
-    prefix_cache=False prefills the whole prompt for every frame (status "disabled")."""
+    prefix_cache=False prefills the whole prompt for every frame (status "disabled"); kv_type: the
+    text model's KV cache (f32, f16, q8_0)."""
     return VisionLanguageModel(model, mmproj, threads=threads, image_mode=image_mode, system_prompt=system_prompt,
-                               prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge, prefix_cache=prefix_cache)
+                               prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge, prefix_cache=prefix_cache,
+                               kv_type=kv_type)

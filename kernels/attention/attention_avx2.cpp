@@ -1,9 +1,11 @@
 // AVX2 + FMA attention of one query row against the cached keys and values of one kv head
-// (AttentionArgs, kernels/ops.h); docs/kernels/decode-attention.md. Compiled for the baseline ISA;
+// (AttentionArgs, kernels/ops.h), on a float, half or int8 (Q8_0) cache; docs/kernels/decode-attention.md. Compiled for the baseline ISA;
 // only these functions carry the AVX2 target, and the operator table calls them only on CPUs that
 // report AVX2 and FMA.
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "../ops.h"
 
@@ -32,14 +34,15 @@ EV_AVX2 inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256
 // n_kv repeat the last one; the caller stores only the valid lanes.
 EV_AVX2 inline __m256 scores8(const AttentionArgs& a, int64_t j, __m256i dmask) {
     const int64_t last = a.n_kv - 1, st = a.k_stride;
-    const float* r0 = a.k + (j < last ? j : last) * st;
-    const float* r1 = a.k + (j + 1 < last ? j + 1 : last) * st;
-    const float* r2 = a.k + (j + 2 < last ? j + 2 : last) * st;
-    const float* r3 = a.k + (j + 3 < last ? j + 3 : last) * st;
-    const float* r4 = a.k + (j + 4 < last ? j + 4 : last) * st;
-    const float* r5 = a.k + (j + 5 < last ? j + 5 : last) * st;
-    const float* r6 = a.k + (j + 6 < last ? j + 6 : last) * st;
-    const float* r7 = a.k + (j + 7 < last ? j + 7 : last) * st;
+    const float* k = static_cast<const float*>(a.k);
+    const float* r0 = k + (j < last ? j : last) * st;
+    const float* r1 = k + (j + 1 < last ? j + 1 : last) * st;
+    const float* r2 = k + (j + 2 < last ? j + 2 : last) * st;
+    const float* r3 = k + (j + 3 < last ? j + 3 : last) * st;
+    const float* r4 = k + (j + 4 < last ? j + 4 : last) * st;
+    const float* r5 = k + (j + 5 < last ? j + 5 : last) * st;
+    const float* r6 = k + (j + 6 < last ? j + 6 : last) * st;
+    const float* r7 = k + (j + 7 < last ? j + 7 : last) * st;
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     int64_t d = 0;
     for (; d + 8 <= a.head_dim; d += 8) {
@@ -139,6 +142,121 @@ constexpr WeightedSumFn kWeightedSum[8][2] = {
     {weighted_sum<7, false>, weighted_sum<7, true>}, {weighted_sum<8, false>, weighted_sum<8, true>},
 };
 
+// -- Half and int8 caches (F16, Q8_0): rows of blocks of 32 elements, head_dim a multiple of 32 --
+
+constexpr size_t kv_block_bytes(DType t) { return kv_bytes(t, kQK); }  // F16 64, Q8_0 34
+
+// Elements 8c .. 8c + 7 of a block as floats (Q8_0: its int8 values, without the block's scale).
+template <DType KV>
+EV_AVX2 inline __m256 load_block8(const uint8_t* blk, int c) {
+    if constexpr (KV == DType::F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * c)));
+    else
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * c))));
+}
+
+// A block's scale (Q8_0: its fp16 d; F16: 1).
+template <DType KV>
+EV_AVX2 inline float block_scale(const uint8_t* blk) {
+    if constexpr (KV == DType::Q8_0) {
+        uint16_t h;
+        std::memcpy(&h, blk, sizeof h);
+        return _cvtsh_ss(h);
+    } else {
+        return 1.f;
+    }
+}
+
+// scale * q.k for the keys [j, j + 8) of a half / int8 cache; keys past n_kv repeat the last one.
+// Q8_0: q times the key block's scale, then one FMA per 8 int8 values converted to float.
+template <DType KV>
+EV_AVX2 inline __m256 scores8_blocks(const AttentionArgs& a, int64_t j) {
+    const int64_t last = a.n_kv - 1;
+    const size_t st = kv_bytes(KV, a.k_stride);
+    const uint8_t* k = static_cast<const uint8_t*>(a.k);
+    const uint8_t* r[8];
+    for (int i = 0; i < 8; ++i) r[i] = k + static_cast<size_t>(j + i < last ? j + i : last) * st;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    for (int64_t b = 0; b < a.head_dim / kQK; ++b) {
+        const size_t off = static_cast<size_t>(b) * kv_block_bytes(KV);
+        alignas(32) float dk[8];
+        for (int i = 0; i < 8; ++i) dk[i] = block_scale<KV>(r[i] + off);
+        for (int c = 0; c < 4; ++c) {
+            const __m256 q = _mm256_loadu_ps(a.q + kQK * b + 8 * c);
+#define EV_ATT_KEY(acc, i)                                                                                   \
+    acc = _mm256_fmadd_ps(KV == DType::Q8_0 ? _mm256_mul_ps(q, _mm256_broadcast_ss(dk + i)) : q,           \
+                          load_block8<KV>(r[i] + off, c), acc);
+            EV_ATT_KEY(s0, 0) EV_ATT_KEY(s1, 1) EV_ATT_KEY(s2, 2) EV_ATT_KEY(s3, 3)
+            EV_ATT_KEY(s4, 4) EV_ATT_KEY(s5, 5) EV_ATT_KEY(s6, 6) EV_ATT_KEY(s7, 7)
+#undef EV_ATT_KEY
+        }
+    }
+    return _mm256_mul_ps(_mm256_set1_ps(a.scale), reduce8(s0, s1, s2, s3, s4, s5, s6, s7));
+}
+
+// out[0, 32 NB) = inv * sum_j e[j] v_j over NB blocks of a half / int8 value row (v: the rows'
+// first block, st bytes apart): 4 NB accumulators in registers, each row read once; Q8_0's block
+// scale is folded into the row's weight, e[j] d.
+template <DType KV, int NB>
+EV_AVX2 void weighted_sum_blocks(const float* e, const uint8_t* v, size_t st, int64_t n, float inv, float* out) {
+    static_assert(NB == 1 || NB == 2, "blocks of at most 64 floats");
+    const __m256 z = _mm256_setzero_ps();
+    __m256 a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z;
+    for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* b0 = v + static_cast<size_t>(j) * st;
+        const __m256 p0 = _mm256_set1_ps(e[j] * block_scale<KV>(b0));
+        a0 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 0), a0);
+        a1 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 1), a1);
+        a2 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 2), a2);
+        a3 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 3), a3);
+        if constexpr (NB == 2) {
+            const uint8_t* b1 = b0 + kv_block_bytes(KV);
+            const __m256 p1 = _mm256_set1_ps(e[j] * block_scale<KV>(b1));
+            a4 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 0), a4);
+            a5 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 1), a5);
+            a6 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 2), a6);
+            a7 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 3), a7);
+        }
+    }
+    const __m256 vinv = _mm256_set1_ps(inv);
+    _mm256_storeu_ps(out, _mm256_mul_ps(a0, vinv));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(a1, vinv));
+    _mm256_storeu_ps(out + 16, _mm256_mul_ps(a2, vinv));
+    _mm256_storeu_ps(out + 24, _mm256_mul_ps(a3, vinv));
+    if constexpr (NB == 2) {
+        _mm256_storeu_ps(out + 32, _mm256_mul_ps(a4, vinv));
+        _mm256_storeu_ps(out + 40, _mm256_mul_ps(a5, vinv));
+        _mm256_storeu_ps(out + 48, _mm256_mul_ps(a6, vinv));
+        _mm256_storeu_ps(out + 56, _mm256_mul_ps(a7, vinv));
+    }
+}
+
+// attention_avx2 on a half / int8 cache: the same steps as the float path below.
+template <DType KV>
+EV_AVX2 void attention_blocks(const AttentionArgs& a) {
+    const int64_t n = a.n_kv, hd = a.head_dim;
+    __m256 vmax = _mm256_set1_ps(-3.4e38f);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 s = scores8_blocks<KV>(a, j);
+        _mm256_storeu_ps(a.scores + j, s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    if (j < n) {
+        const __m256 s = scores8_blocks<KV>(a, j);
+        _mm256_maskstore_ps(a.scores + j, tail_mask(n - j), s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    const float mx = hmax(vmax);
+    const float inv = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores, n, mx, 1.f));
+    const uint8_t* v = static_cast<const uint8_t*>(a.v);
+    const size_t st = kv_bytes(KV, a.v_stride);
+    for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+        if (hd - d0 >= 64) weighted_sum_blocks<KV, 2>(a.scores, v + kv_bytes(KV, d0), st, n, inv, a.out + d0);
+        else weighted_sum_blocks<KV, 1>(a.scores, v + kv_bytes(KV, d0), st, n, inv, a.out + d0);
+    }
+}
+
 }  // namespace
 
 // Scores 8 keys at a time (scores8), exp(s - max) and its sum by the shared vector exp
@@ -152,6 +270,8 @@ EV_AVX2 void attention_avx2(const AttentionArgs& args) {
         for (int64_t d = 0; d < hd; ++d) a.out[d] = 0.f;
         return;
     }
+    if (a.kv_type == DType::F16) return attention_blocks<DType::F16>(a);
+    if (a.kv_type == DType::Q8_0) return attention_blocks<DType::Q8_0>(a);
     const __m256i dmask = tail_mask(hd % 8);
     __m256 vmax = _mm256_set1_ps(-3.4e38f);
     int64_t j = 0;
@@ -169,7 +289,8 @@ EV_AVX2 void attention_avx2(const AttentionArgs& args) {
     const float inv = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores, n, mx, 1.f));  // exp(s - mx)
     for (int64_t d0 = 0; d0 < hd; d0 += 64) {
         const int64_t w = hd - d0 < 64 ? hd - d0 : 64;
-        kWeightedSum[(w + 7) / 8 - 1][w % 8 != 0](a.scores, a.v + d0, a.v_stride, n, inv, hd % 8, a.out + d0);
+        kWeightedSum[(w + 7) / 8 - 1][w % 8 != 0](a.scores, static_cast<const float*>(a.v) + d0, a.v_stride, n, inv, hd % 8,
+                                                  a.out + d0);
     }
 }
 

@@ -95,11 +95,18 @@ Weight DecoderLoader::matrix(const std::string& name, int64_t cols, int64_t rows
     return w;
 }
 
-Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch)
+Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch, evk::DType kv_type)
     : file_(std::move(file)), cfg_(read_config(*file_)),
       n_ctx_(n_ctx > 0 ? std::min<int64_t>(n_ctx, cfg_.n_ctx_train) : std::min<int64_t>(cfg_.n_ctx_train, 4096)),
       n_batch_(std::max<int64_t>(1, n_batch)),
-      compute_(n_threads, std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim()})) {
+      compute_(n_threads, std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim()})), kv_type_(kv_type) {
+    if (kv_type != evk::DType::F32 && kv_type != evk::DType::F16 && kv_type != evk::DType::Q8_0)
+        throw std::invalid_argument("kv_type must be f32, f16 or q8_0");
+    if (kv_type != evk::DType::F32 && (cfg_.head_dim % evk::kQK != 0 || cfg_.head_dim > evk::kMaxAttentionHeadDim))
+        throw std::invalid_argument(std::string("kv_type ") + (kv_type == evk::DType::F16 ? "f16" : "q8_0") +
+                                    " is not supported for a head size of " +
+                                    std::to_string(cfg_.head_dim) + " (it needs a multiple of 32, at most " +
+                                    std::to_string(evk::kMaxAttentionHeadDim) + "): use f32");
     const GGUFFile& f = *file_;
     const DecoderFactory make = find_decoder(f);
     const DecoderLoader load(f, arena_, n_batch_);
@@ -124,16 +131,16 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
     alloc(s_.scores, static_cast<int64_t>(compute_.threads()) * n_ctx_);
     alloc(next_logits_, cfg_.n_vocab);
     alloc(spec_logits_, (1 + kMaxDraft) * cfg_.n_vocab);
-    int64_t kv_floats = 0, rec_floats = 0;
+    int64_t kv_bytes = 0, rec_floats = 0;
     for (int64_t l = 0; l < cfg_.n_layer; ++l) {
         const LayerShape sh = arch_->layer_shape(l);
         shapes_.push_back(sh);
-        kv_at_.push_back(kv_floats);
+        kv_at_.push_back(kv_bytes);
         rec_at_.push_back(rec_floats);
-        kv_floats += 2 * n_ctx_ * sh.kv_dim;
+        kv_bytes += 2 * static_cast<int64_t>(evk::kv_bytes(kv_type_, n_ctx_ * sh.kv_dim));
         rec_floats += sh.recurrent;
     }
-    alloc(kv_, kv_floats);
+    kv_.assign(static_cast<size_t>(kv_bytes), 0);
     alloc(rec_, rec_floats);
 }
 
@@ -148,9 +155,10 @@ LayerCache Decoder::cache_of(int64_t layer) {
     const size_t l = static_cast<size_t>(layer);
     LayerCache c;
     c.kv_dim = shapes_[l].kv_dim;
+    c.kv_type = kv_type_;
     if (c.kv_dim) {
         c.k = kv_.data() + kv_at_[l];
-        c.v = c.k + n_ctx_ * c.kv_dim;
+        c.v = c.k + evk::kv_bytes(kv_type_, n_ctx_ * c.kv_dim);
     }
     c.recurrent_size = shapes_[l].recurrent;
     if (c.recurrent_size) c.recurrent = rec_.data() + rec_at_[l];
@@ -212,9 +220,18 @@ void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
 
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
     const int64_t kvd = cache.kv_dim;
+    const size_t row = evk::kv_bytes(cache.kv_type, kvd);
+    const evk::FromFloatFn convert = evk::type_traits(cache.kv_type)->from_float;  // F16 / Q8_0: round, quantize
     for (int64_t t = 0; t < ch.n; ++t) {
-        std::memcpy(cache.k + (ch.pos0 + t) * kvd, &c.s.k[t * kvd], static_cast<size_t>(kvd) * sizeof(float));
-        std::memcpy(cache.v + (ch.pos0 + t) * kvd, &c.s.v[t * kvd], static_cast<size_t>(kvd) * sizeof(float));
+        uint8_t* k = cache.k + static_cast<size_t>(ch.pos0 + t) * row;
+        uint8_t* v = cache.v + static_cast<size_t>(ch.pos0 + t) * row;
+        if (cache.kv_type == evk::DType::F32) {
+            std::memcpy(k, &c.s.k[t * kvd], row);
+            std::memcpy(v, &c.s.v[t * kvd], row);
+        } else {
+            convert(&c.s.k[t * kvd], k, kvd);
+            convert(&c.s.v[t * kvd], v, kvd);
+        }
     }
 }
 
@@ -230,9 +247,11 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
         const int64_t end = ch.pos0 + tok + 1, begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
         evk::AttentionArgs a{};
         a.q = &c.s.q[tok * qd + h * hd];
-        a.k = cache.k + begin * kvd + kvh * hd;
-        a.v = cache.v + begin * kvd + kvh * hd;
+        const size_t at = evk::kv_bytes(cache.kv_type, begin * kvd + kvh * hd);
+        a.k = cache.k + at;
+        a.v = cache.v + at;
         a.k_stride = a.v_stride = kvd;
+        a.kv_type = cache.kv_type;
         a.n_kv = end - begin;
         a.head_dim = hd;
         a.scale = scale;
@@ -431,15 +450,23 @@ KVSnapshot Decoder::snapshot() const {
     s.k.resize(per_layer * static_cast<size_t>(s.n_layer));
     s.v.resize(s.k.size());
     s.recurrent = rec_;
+    const evk::ToFloatFn convert = evk::type_traits(kv_type_)->to_float;
     size_t i = 0;
     for (size_t l = 0; l < shapes_.size(); ++l) {
         if (!shapes_[l].kv_dim) continue;
-        const float* k = kv_.data() + kv_at_[l];
-        std::memcpy(s.k.data() + i * per_layer, k, per_layer * sizeof(float));
-        std::memcpy(s.v.data() + i * per_layer, k + n_ctx_ * s.kv_dim, per_layer * sizeof(float));
+        const uint8_t* k = kv_.data() + kv_at_[l];
+        const uint8_t* v = k + evk::kv_bytes(kv_type_, n_ctx_ * s.kv_dim);
+        convert(k, s.k.data() + i * per_layer, static_cast<int64_t>(per_layer));
+        convert(v, s.v.data() + i * per_layer, static_cast<int64_t>(per_layer));
         ++i;
     }
     return s;
+}
+
+size_t Decoder::kv_bytes_per_token() const {
+    size_t n = 0;
+    for (const LayerShape& sh : shapes_) n += 2 * evk::kv_bytes(kv_type_, sh.kv_dim);
+    return n;
 }
 
 void Decoder::restore(const KVSnapshot& s) {
@@ -455,12 +482,14 @@ void Decoder::restore(const KVSnapshot& s) {
         s.k.size() != per_layer * static_cast<size_t>(s.n_layer) || s.v.size() != s.k.size() ||
         s.recurrent.size() != rec_.size())
         throw std::invalid_argument("KV snapshot does not fit this model (layers, width or context differ)");
+    const evk::FromFloatFn convert = evk::type_traits(kv_type_)->from_float;
     size_t i = 0;
     for (size_t l = 0; l < shapes_.size(); ++l) {
         if (!shapes_[l].kv_dim) continue;
-        float* k = kv_.data() + kv_at_[l];
-        std::memcpy(k, s.k.data() + i * per_layer, per_layer * sizeof(float));
-        std::memcpy(k + n_ctx_ * s.kv_dim, s.v.data() + i * per_layer, per_layer * sizeof(float));
+        uint8_t* k = kv_.data() + kv_at_[l];
+        uint8_t* v = k + evk::kv_bytes(kv_type_, n_ctx_ * s.kv_dim);
+        convert(s.k.data() + i * per_layer, k, static_cast<int64_t>(per_layer));
+        convert(s.v.data() + i * per_layer, v, static_cast<int64_t>(per_layer));
         ++i;
     }
     std::copy(s.recurrent.begin(), s.recurrent.end(), rec_.begin());

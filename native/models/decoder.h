@@ -37,6 +37,8 @@ struct DecoderConfig {
 // The KV cache of the first n_past positions, detached from the model: keys and values of every
 // layer that has a cache (all of one width, kv_dim), and the recurrent state of every layer that
 // carries one (empty for a decoder without recurrent layers).
+// Keys and values are floats whatever the cache's type (a half or int8 cache converts them; restoring
+// converts back, to the same bits: both conversions are exact on values the cache held).
 struct KVSnapshot {
     int64_t n_past = 0;
     int64_t n_layer = 0, kv_dim = 0;  // n_layer: layers with a KV cache
@@ -83,11 +85,13 @@ struct LayerShape {
     int64_t kv_dim = 0, recurrent = 0;
 };
 
-// One layer's part of the sequence state, as its block sees it: position p's key at k + p * kv_dim.
+// One layer's part of the sequence state, as its block sees it: position p's key at
+// k + evk::kv_bytes(kv_type, p * kv_dim) (append_kv and causal_attention read and write it).
 struct LayerCache {
-    float* k = nullptr;
-    float* v = nullptr;
+    uint8_t* k = nullptr;
+    uint8_t* v = nullptr;
     int64_t kv_dim = 0;
+    evk::DType kv_type = evk::DType::F32;
     float* recurrent = nullptr;
     int64_t recurrent_size = 0;
 };
@@ -175,11 +179,16 @@ class Decoder {
 public:
     // Picks the architecture from general.architecture (registry.h); UnsupportedModel for one
     // this engine does not run, GGUFError for a file that does not hold what the config says.
-    Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch);
+    // kv_type: how the KV cache stores keys and values: F32, F16 or Q8_0 (int8 blocks of 32 with an
+    // fp16 scale, per head; needs a head size that is a multiple of 32); std::invalid_argument else.
+    Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch,
+            evk::DType kv_type = evk::DType::F32);
     ~Decoder();
 
     const DecoderConfig& config() const { return cfg_; }
     int64_t n_ctx() const { return n_ctx_; }
+    evk::DType kv_type() const { return kv_type_; }
+    size_t kv_bytes_per_token() const;  // the KV cache's bytes per position, all layers
     int64_t n_past() const { return n_past_; }
     const std::vector<LayerShape>& layer_shapes() const { return shapes_; }  // what each layer keeps
     int threads() const { return compute_.threads(); }
@@ -239,8 +248,10 @@ private:
 
     RunState s_;
     std::vector<LayerShape> shapes_;           // per layer
-    std::vector<int64_t> kv_at_, rec_at_;      // per layer: offset of its cache in kv_ (K; V follows), of its state in rec_
-    std::vector<float> kv_, rec_;              // the sequence state: every layer's K and V caches, recurrent states
+    evk::DType kv_type_;
+    std::vector<int64_t> kv_at_, rec_at_;      // per layer: byte offset of its cache in kv_ (K; V follows), of its state in rec_
+    std::vector<uint8_t> kv_;                  // the sequence state: every layer's K and V caches (kv_type_ elements),
+    std::vector<float> rec_;                   // and recurrent states
     std::vector<float> next_logits_;           // generate()'s own: written by its prefill and decode steps, read by it
     std::vector<float> spec_logits_;           // generate()'s verification passes: (1 + kMaxDraft) rows of n_vocab
     int64_t n_past_ = 0;
