@@ -1291,6 +1291,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         "the bandwidth floor)")
     parser.add_argument("--frames", type=positive_int, default=None,
                         help="--speculation: frames per stream (60; --quick: 6)")
+    parser.add_argument("--kv-cache", action="store_true",
+                        help="instead: decode after 1k and 4k tokens of context with each KV cache type (f32, f16, "
+                        "q8_0) on --model: KV bytes per position, decode ms/token, ratio to f32, time against a "
+                        "floor of the weights plus the KV read")
+    parser.add_argument("--kv-contexts", type=_int_list, default=None, metavar="N,N",
+                        help="--kv-cache: context lengths (1024,4096; --quick: 64,128)")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                         help="write the raw numbers as JSON to FILE (alone: JSON on stdout, the table on stderr)")
     parser.add_argument("--png", default=None, metavar="FILE", help="also draw the ratios as a PNG chart")
@@ -1338,6 +1344,15 @@ def run_bench(args: argparse.Namespace) -> int:
         frames = args.frames or (6 if args.quick else 60)
         result = run_speculation(frames, args.threads, log=lambda s: print(s, file=sys.stderr, flush=True))
         table = format_speculation(result)
+    elif getattr(args, "kv_cache", False):
+        from ..engine.paths import resolve_model
+        from .bench_kv import format_kv, run_kv
+
+        contexts = args.kv_contexts or ((64, 128) if args.quick else (1024, 4096))
+        result = run_kv(resolve_model(args.model), contexts, args.threads, n_decode=args.decode_tokens or
+                        (8 if args.quick else 64), repeats=args.repeats or (1 if args.quick else 2),
+                        log=lambda s: print(s, file=sys.stderr, flush=True))
+        table = format_kv(result)
     else:
         result = run(config_from_args(args))
         table = format_table(result)
@@ -1349,7 +1364,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
             print(f"raw numbers: {args.json}")
-    if args.png and not getattr(args, "speculation", False):
+    if args.png and not getattr(args, "speculation", False) and not getattr(args, "kv_cache", False):
         write_png(result, Path(args.png))
         print(f"chart: {args.png}", file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
