@@ -110,6 +110,27 @@ def test_bench_speculation_quick(capsys):
     assert "| drift |" in captured.err and "floor" in captured.err
 
 
+def test_bench_kv_cache_quick(capsys):
+    """`edgevlm bench --kv-cache --quick`: every kv_type at both contexts, its bytes per position
+    (f16 half of f32, q8_0 34 / 128 of it), a decode time and its ratio to f32, and the floor."""
+    rc = bench.main(["--kv-cache", "--quick", "--json"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    rows = {(r["context"], r["kv_type"]): r for r in result["rows"]}
+    assert set(rows) == {(c, kv) for c in (64, 128) for kv in ("f32", "f16", "q8_0")}
+    for c in (64, 128):
+        f32 = rows[(c, "f32")]["kv_bytes_per_token"]
+        assert rows[(c, "f16")]["kv_bytes_per_token"] * 2 == f32
+        assert rows[(c, "q8_0")]["kv_bytes_per_token"] * 128 == f32 * 34
+        assert rows[(c, "f32")]["vs_f32"] == 1.0
+        for kv in ("f32", "f16", "q8_0"):
+            r = rows[(c, kv)]
+            assert r["ms_per_token"] > 0 and r["floor_ms"] > 0
+            assert r["kv_bytes_at_context"] == r["kv_bytes_per_token"] * c
+    assert "| 128 | q8_0 |" in captured.err and "floor" in captured.err
+
+
 def test_bench_table_ratios():
     """format_table with peer numbers: ratio ours/peer and which side is better, per direction."""
     rows = [

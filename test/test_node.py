@@ -87,6 +87,7 @@ def test_defaults_validate() -> None:
     ({"model": 3}, "parameter 'model' must be a string, got int 3"),
     ({"max_image_pixels": 0}, "parameter 'max_image_pixels' must be >= 1, got 0"),
     ({"max_tokens": 5}, "unknown parameter 'max_tokens'"),
+    ({"kv_type": "q4_0"}, "parameter 'kv_type' must be one of f32, f16, q8_0; got 'q4_0'"),
 ])
 def test_bad_values_are_refused_with_the_parameter_named(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ParamError) as info:
@@ -452,6 +453,31 @@ def test_parameters_change_at_run_time_and_bad_values_are_refused(system: System
     assert ok.successful
 
 
+def test_a_node_with_a_q8_0_kv_cache_describes_frames(vlm_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """kv_type q8_0 from the parameters file: the node loads the engine with the int8 cache and
+    describes frames over DDS; the text is the engine's own with that cache."""
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    from edgevlm_ros.engine.vlm import load_vlm
+
+    domain = random_domain_id()
+    peer = RosPeer(domain)
+    with contextlib.ExitStack() as stack:
+        stack.callback(peer.close)
+        diag = peer.inbox(DiagnosticArray, "/diagnostics", qos=500)
+        node = start_node(peer, tmp_path, domain, "robot3", diag, vlm_pair,
+                          {"max_new_tokens": MAX_NEW_TOKENS, "kv_type": "q8_0"}, stack=stack)
+        wait_ready(node)
+        picture = exact_picture(seed=3)
+        _, status = node.describe(make_image(picture, "rgb8", peer.now().to_msg()))
+        assert status.level == b"\x00", status.message
+        vlm = load_vlm(*vlm_pair, threads=2, kv_type="q8_0")
+        assert vlm.text.native.kv_type == "q8_0"
+        prompt = str(defaults()["prompt"])
+        assert diag_values(status)["text"] == vlm.describe(picture, prompt, MAX_NEW_TOKENS).text
+        assert "Traceback" not in node.child.output()
+
+
 def test_unstamped_frames_are_described_without_an_age(system: System) -> None:
     node = system.raw
     assert node.latency is not None
@@ -602,12 +628,13 @@ BAD_START = [
     ({"transport": "theora"}, 2, "parameter 'transport' must be one of raw, compressed"),
     ({"max_new_tokens": "lots"}, 2, "parameter 'max_new_tokens' must be an integer, got str 'lots'"),
     ({"model": "/nonexistent/model.gguf"}, 1, "/nonexistent/model.gguf"),
+    ({"kv_type": "int4"}, 2, "parameter 'kv_type' must be one of f32, f16, q8_0; got 'int4'"),
 ]
 
 
 @pytest.mark.parametrize(("params", "code", "message"), BAD_START,
                          ids=["negative_max_new_tokens", "unknown_image_mode", "unknown_transport",
-                              "string_max_new_tokens", "missing_model"])
+                              "string_max_new_tokens", "missing_model", "unknown_kv_type"])
 def test_bad_parameters_fail_at_start_with_one_line(params: dict[str, Any], code: int, message: str,
                                                     tmp_path: Path) -> None:
     domain = random_domain_id()
