@@ -481,6 +481,30 @@ int main() {
                 for (int64_t i = 0; i < d; ++i) err = std::fmax(err, std::fabs(o1[i] - o2[i]));
                 check(err < 1e-4f, "attention/" + v.name + " n_kv=" + std::to_string(n_kv) + " d=" + std::to_string(d));
             }
+        // Half and int8 caches: rows of blocks, a kv head's slice of a longer row (stride 3 heads),
+        // exactly sized buffers so that a read past the last row's blocks is caught by ASan.
+        for (DType kt : {DType::F16, DType::Q8_0})
+            for (int64_t n_kv : {1, 7, 9, 33, 300})
+                for (int64_t d : {32, 64, 96, 256}) {
+                    const int64_t st = 3 * d;
+                    std::vector<float> q(d), kf(n_kv * st), vf(n_kv * st), o1(d), o2(d), sc(n_kv);
+                    for (float& e : q) e = nd(rng);
+                    for (float& e : kf) e = nd(rng);
+                    for (float& e : vf) e = 3.f * nd(rng);
+                    std::vector<uint8_t> kc(kv_bytes(kt, n_kv * st)), vc(kc.size());
+                    type_traits(kt)->from_float(kf.data(), kc.data(), n_kv * st);
+                    type_traits(kt)->from_float(vf.data(), vc.data(), n_kv * st);
+                    const size_t head = kv_bytes(kt, 2 * d);  // the last head of each row
+                    AttentionArgs a{q.data(), kc.data() + head, vc.data() + head, st, st, n_kv, d, 0.125f, o1.data(),
+                                    sc.data(), kt};
+                    attention_ref(a);
+                    a.out = o2.data();
+                    fn(a);
+                    float err = 0.f, mag = 0.f;
+                    for (int64_t i = 0; i < d; ++i) err = std::fmax(err, std::fabs(o1[i] - o2[i])), mag = std::fmax(mag, std::fabs(o1[i]));
+                    check(err <= 1e-5f * (1.f + mag), "attention/" + v.name + " kv " + type_traits(kt)->name +
+                                                          " n_kv=" + std::to_string(n_kv) + " d=" + std::to_string(d));
+                }
     }
     // Exp-based element-wise variants against the reference, on awkward sizes (SIMD tails) and
     // large magnitudes. Tolerance: relative 2e-6 of the reference, plus 1e-35 for results the
