@@ -4,7 +4,7 @@ decode-phase pass and keeps the drafts greedy decoding confirms. The promise is 
 tokens, and the sequence state left behind, are plain greedy's. Checked on the real SmolLM2, on the
 embedded demo VLM over a slowly changing camera view (where drafts are mostly right) and over
 independent frames (mostly wrong), on a random SmolVLM, with deadlines, with drafts that are pure
-noise, and on a Qwen3.5 decoder (recurrent state: no speculation yet, the same tokens).
+noise, and on a Qwen3.5 decoder (recurrent state, rolled back from a copy after a rejected draft).
 """
 
 from __future__ import annotations
@@ -156,15 +156,34 @@ def test_random_smolvlm_is_exact(vlm_pair: tuple[Path, Path]) -> None:
         history.append(plain.token_ids)
 
 
-def test_recurrent_decoder_decodes_plainly() -> None:
-    """Qwen3.5 (Gated DeltaNet layers carry recurrent state, which a rejected draft would have
-    advanced): no speculation yet (no passes), and the same tokens."""
+def test_recurrent_decoder_speculates_with_state_rollback() -> None:
+    """Qwen3.5 (Gated DeltaNet layers carry recurrent state, which a rejected draft has advanced):
+    the state is copied before each pass and, after a rejection, put back and run through the
+    confirmed rows. Drafts from its own answer (accepted), from noise (rejected: every pass rolls
+    back), from a half-right answer and under a budget that ends mid-pass give plain greedy's tokens,
+    and the state left behind is plain decoding's (the next token's logits bit for bit)."""
     from qwen35_fixtures import cached_qwen35_llama_cpp_gguf
 
     import edgevlm_ros
 
     model = edgevlm_ros.load(cached_qwen35_llama_cpp_gguf(), threads=2, n_ctx=256)
-    ids = list(range(1000, 1020))
-    plain = model.generate_ids(ids, max_new_tokens=12)
-    spec = model.generate_ids(ids, max_new_tokens=12, drafts_from=[plain.token_ids])
-    assert spec.token_ids == plain.token_ids and _spec(spec)["passes"] == 0
+    native = model.native
+    rng = np.random.default_rng(7)
+    n_vocab = int(model.config["n_vocab"])
+    for start in (1000, 3000, 5000):
+        ids = list(range(start, start + 20))
+        plain = model.generate_ids(ids, max_new_tokens=24)
+        after_plain = (native.n_past, native.forward(np.array([42], np.int32)))
+        half = [t if j % 3 else (t + 1) % n_vocab for j, t in enumerate(plain.token_ids)]
+        # Each answer token followed by two random ids: every pass's drafts are wrong.
+        wrong = [int(x) for t in plain.token_ids for x in (t, *rng.integers(0, n_vocab, 2))]
+        for name, drafts, budget in (("own", plain.token_ids, 24), ("wrong", wrong, 24), ("half", half, 24),
+                                     ("own, budget ends mid-pass", plain.token_ids, 7)):
+            spec = model.generate_ids(ids, max_new_tokens=budget, drafts_from=[drafts])
+            assert spec.token_ids == plain.token_ids[:budget], (start, name)
+            assert _spec(spec)["passes"] > 0, (start, name)
+            if budget == 24:
+                assert native.n_past == after_plain[0]
+                assert np.array_equal(native.forward(np.array([42], np.int32)), after_plain[1]), (start, name)
+        own = model.generate_ids(ids, max_new_tokens=24, drafts_from=[plain.token_ids])
+        assert _spec(own)["accepted"] > len(plain.token_ids) // 3

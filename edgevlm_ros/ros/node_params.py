@@ -86,7 +86,7 @@ PARAMS: tuple[ParamSpec, ...] = (
               "C/description/json as well as C/description); empty: free text", runtime=True),
     ParamSpec("speculation", True, "draft each description from the camera's last 3 and n-grams of the prompt "
               "and the answer (speculative decoding: the same text, sooner when the view changes slowly; not "
-              "with a schema or a recurrent decoder)",
+              "with a schema; a recurrent decoder such as Qwen3.5 rolls its state back after a rejected draft)",
               runtime=True),
     ParamSpec("kv_type", "f32", "how the KV cache stores keys and values: f32, f16 (half the memory) or q8_0 "
               "(int8 blocks of 32 with a scale per block and head: 0.27x the memory, faster attention over "

@@ -142,6 +142,7 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
     }
     kv_.assign(static_cast<size_t>(kv_bytes), 0);
     alloc(rec_, rec_floats);
+    alloc(rec_check_, rec_floats);  // generate()'s copy of the recurrent state before a verification pass
 }
 
 Decoder::~Decoder() = default;
@@ -341,13 +342,26 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     if (constraint) constraint->start(std::min<int64_t>(max_new, n_ctx_ - n_past_ + 1));
     const int64_t V = cfg_.n_vocab;
     // drafts_from given (even empty: n-grams of the prompt and the answer are drafts too)
-    const bool speculate = lookup && !constraint && rec_.empty();
+    const bool speculate = lookup && !constraint;
     const int64_t base = n_past_;  // generated token j sits at position base + j
     int64_t n_fed = 0;             // generated tokens whose keys and values are in the cache, confirmed
     // The drafts the last verification pass ran after the token it decoded, not yet confirmed:
     // draft[j] sits at position base + n_fed + (j - next_draft) and its logits are row 1 + j.
     std::array<int32_t, kMaxDraft> draft{};
     int64_t n_draft = 0, next_draft = 0, since_pass = 0;
+    // A decoder with recurrent state (Qwen3.5) cannot forget a rejected draft by length: its state
+    // has advanced through every row of the pass. So the state is copied before each pass and, when
+    // fewer rows are confirmed than ran, put back and advanced through the confirmed rows alone
+    // (a decode-phase chunk of 1-2 rows, whose rows compute as one-row steps do).
+    const bool recurrent = !rec_.empty();
+    std::array<int32_t, 1 + kMaxDraft> pass_rows{};
+    int64_t pass_pos0 = 0;
+    auto settle_pass = [&] {  // the last pass's unconfirmed rows out of the recurrent state
+        if (!recurrent || n_draft == 0 || next_draft == n_draft) return;
+        std::copy(rec_check_.begin(), rec_check_.end(), rec_.begin());
+        n_past_ = pass_pos0;
+        prefill(PromptInput{pass_rows.data(), 1 + next_draft}, nullptr, false);
+    };
     // How many drafts a pass runs follows the running share of drafts accepted: a draft row costs
     // ~0.4 of a one-row step here (decode kernels at 3 rows, SmolLM2-135M Q4_1, 2026-12-03), so two
     // drafts pay off from ~0.6 accepted, one from ~0.4; below that a pass runs only every 8th token,
@@ -399,6 +413,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         }
         if (n_draft > 0)  // a pass whose drafts end here
             accept_rate = 0.7 * accept_rate + 0.3 * static_cast<double>(next_draft) / static_cast<double>(n_draft);
+        settle_pass();
         n_draft = next_draft = 0;
         n_past_ = base + n_fed;  // the cache forgets the drafts that were not confirmed
         if (n_past_ + 1 > n_ctx_) {
@@ -416,9 +431,13 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             prefill(PromptInput{&next, 1}, next_logits_.data(), false);
             logits = next_logits_.data();
         } else {
-            std::array<int32_t, 1 + kMaxDraft> rows{};
+            std::array<int32_t, 1 + kMaxDraft>& rows = pass_rows;
             rows[0] = next;
             std::copy(draft.begin(), draft.begin() + k, rows.begin() + 1);
+            if (recurrent) {
+                std::copy(rec_.begin(), rec_.end(), rec_check_.begin());
+                pass_pos0 = n_past_;
+            }
             prefill(PromptInput{rows.data(), 1 + k}, spec_logits_.data(), true);
             logits = spec_logits_.data();
             n_draft = k;
@@ -427,6 +446,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         }
         ++n_fed;
     }
+    settle_pass();           // a pass the loop left with rows it did not confirm
     n_past_ = base + n_fed;  // as plain decoding leaves it: drafts not confirmed are forgotten
     out.decode_ms = ms_since(t1);
 }

@@ -205,7 +205,8 @@ public:
     // prefill included.
     // With a constraint, each token is its choice (constraint.h) and stop_reason "complete" means
     // the constrained answer ended where nothing may follow.
-    // lookup (speculation, without a constraint, for decoders without recurrent state): token ids of
+    // lookup (speculation, without a constraint; a decoder with recurrent state is rolled back by a
+    // copy of that state taken before each pass, and the confirmed rows run again): token ids of
     // earlier answers, -1 between two. After each token, the longest run of the latest tokens (up to
     // 3) found in it proposes the tokens that followed there as drafts; one decode-phase pass runs the
     // token with up to kMaxDraft drafts, and each draft equal to the token greedy decoding then
@@ -252,6 +253,7 @@ private:
     std::vector<int64_t> kv_at_, rec_at_;      // per layer: byte offset of its cache in kv_ (K; V follows), of its state in rec_
     std::vector<uint8_t> kv_;                  // the sequence state: every layer's K and V caches (kv_type_ elements),
     std::vector<float> rec_;                   // and recurrent states
+    std::vector<float> rec_check_;             // generate(): rec_ before a verification pass (speculation)
     std::vector<float> next_logits_;           // generate()'s own: written by its prefill and decode steps, read by it
     std::vector<float> spec_logits_;           // generate()'s verification passes: (1 + kMaxDraft) rows of n_vocab
     int64_t n_past_ = 0;
