@@ -187,3 +187,28 @@ def test_recurrent_decoder_speculates_with_state_rollback() -> None:
                 assert np.array_equal(native.forward(np.array([42], np.int32)), after_plain[1]), (start, name)
         own = model.generate_ids(ids, max_new_tokens=24, drafts_from=[plain.token_ids])
         assert _spec(own)["accepted"] > len(plain.token_ids) // 3
+
+
+def test_exactness_script_short_form(vlm_pair: tuple[Path, Path]) -> None:
+    """scripts/speculation_exactness.py (the README's 300-frame run) in a short form, from a separate
+    process: SmolLM2, the demo VLM, a random SmolVLM pair and a random Qwen3.5 (llama.cpp's
+    converter; recurrent state rolled back), 3 frames of each stream, every frame equal to plain
+    greedy, the deadline frames a prefix of it."""
+    import json
+    import subprocess
+    import sys
+
+    from qwen35_fixtures import cached_qwen35_llama_cpp_gguf
+
+    root = Path(__file__).resolve().parent.parent
+    text, mmproj = vlm_pair
+    cmd = [sys.executable, str(root / "scripts" / "speculation_exactness.py"), "--frames", "3",
+           "--pair", str(text), str(mmproj), "--text", str(cached_qwen35_llama_cpp_gguf())]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["failures"] == 0 and len(report["models"]) == 4
+    for streams in report["models"].values():
+        assert set(streams) == {"drift", "independent"}
+        assert all(r["frames"] == 3 and r["deadline_frames"] == 1 for r in streams.values())
+    assert report["models"]["SmolLM2-135M"]["drift"]["passes"] > 0
