@@ -300,9 +300,7 @@ PYBIND11_MODULE(_engine, m) {
                  if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
                  if (n_ctx < 0) throw py::value_error("n_ctx must be >= 0 (0 = default)");
                  if (n_batch < 1 || n_batch > 4096) throw py::value_error("n_batch must be in 1..4096");
-                 const evk::DType kt = kv_type == "f32" ? evk::DType::F32 : kv_type == "f16" ? evk::DType::F16
-                                       : kv_type == "q8_0" ? evk::DType::Q8_0 : evk::DType::I8;
-                 if (kt == evk::DType::I8) throw py::value_error("kv_type must be f32, f16 or q8_0, not '" + kv_type + "'");
+                 const evk::DType kt = kv_type_named(kv_type);
                  py::gil_scoped_release nogil;
                  return std::make_unique<Decoder>(std::move(f), threads, n_ctx, n_batch, kt);  // invalid_argument: ValueError
              }),

@@ -28,6 +28,17 @@ evk::DType dtype_named(const std::string& name) {
     return t;
 }
 
+}  // namespace
+
+evk::DType kv_type_named(const std::string& name) {
+    if (name == "f32") return evk::DType::F32;
+    if (name == "f16") return evk::DType::F16;
+    if (name == "q8_0") return evk::DType::Q8_0;
+    throw py::value_error("kv_type must be f32, f16 or q8_0, not '" + name + "'");
+}
+
+namespace {
+
 // The formats with kernels, in ggml type id order.
 std::vector<evk::DType> computable_types() {
     std::vector<evk::DType> out;
@@ -307,9 +318,7 @@ void register_kernel_bindings(py::module_& m) {
             k.shape(0) != v.shape(0) || k.shape(0) < 1)
             throw py::value_error("q (d,), k and v (n, d) with n >= 1");
         const int64_t d = q.shape(0), n = k.shape(0);
-        const evk::DType t = kv_type == "f32" ? evk::DType::F32 : kv_type == "f16" ? evk::DType::F16
-                             : kv_type == "q8_0" ? evk::DType::Q8_0 : evk::DType::I8;
-        if (t == evk::DType::I8) throw py::value_error("kv_type must be f32, f16 or q8_0");
+        const evk::DType t = kv_type_named(kv_type);
         if (t != evk::DType::F32 && (d % evk::kQK != 0 || d > evk::kMaxAttentionHeadDim))
             throw py::value_error("a f16 / q8_0 cache needs a head size that is a multiple of 32, at most 512");
         // The keys and values as the cache holds them (the formats' reference conversion).
