@@ -61,6 +61,10 @@ struct AttentionArgs {
     DType kv_type = DType::F32;
 };
 constexpr int64_t kMaxAttentionHeadDim = 512;
+// Whether a cache of type t can hold heads of head_dim values (F32 any; F16 / Q8_0 as above).
+constexpr bool kv_type_fits(DType t, int64_t head_dim) {
+    return t == DType::F32 || (head_dim % kQK == 0 && head_dim <= kMaxAttentionHeadDim);
+}
 // Bytes of n elements of a KV cache type (n a multiple of 32 for Q8_0).
 constexpr size_t kv_bytes(DType t, int64_t n) {
     return t == DType::Q8_0 ? static_cast<size_t>(n / kQK) * 34 : static_cast<size_t>(n) * (t == DType::F16 ? 2 : 4);

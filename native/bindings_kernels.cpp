@@ -319,7 +319,7 @@ void register_kernel_bindings(py::module_& m) {
             throw py::value_error("q (d,), k and v (n, d) with n >= 1");
         const int64_t d = q.shape(0), n = k.shape(0);
         const evk::DType t = kv_type_named(kv_type);
-        if (t != evk::DType::F32 && (d % evk::kQK != 0 || d > evk::kMaxAttentionHeadDim))
+        if (!evk::kv_type_fits(t, d))
             throw py::value_error("a f16 / q8_0 cache needs a head size that is a multiple of 32, at most 512");
         // The keys and values as the cache holds them (the formats' reference conversion).
         std::vector<uint8_t> kc(evk::kv_bytes(t, n * d)), vc(kc.size());

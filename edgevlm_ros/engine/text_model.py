@@ -192,4 +192,3 @@ def load(model: str | os.PathLike[str] | None = None, threads: int | None = None
          kv_type: str = "f32") -> TextModel:
     """Loads a GGUF text model (the default SmolLM2-135M-Instruct when model is None)."""
     return TextModel(model, threads=threads, n_ctx=n_ctx, kv_type=kv_type)
-

@@ -37,9 +37,9 @@ namespace x8_avx2 {
 using q8act::BlockQ8A;
 using q8act::quantize_act;
 constexpr bool kVnni = false;
-#define EV_DPBUSD _mm256_dpbusd_avx_epi32  // never instantiated: kVnni is false
+#define EVK_DPBUSD _mm256_dpbusd_avx_epi32  // never instantiated: kVnni is false
 #include "x8_body.inc"
-#undef EV_DPBUSD
+#undef EVK_DPBUSD
 }  // namespace x8_avx2
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -46,9 +46,9 @@ namespace x8_evex {
 using q8act::BlockQ8A;
 using q8act::quantize_act;
 constexpr bool kVnni = true;
-#define EV_DPBUSD _mm256_dpbusd_epi32  // EVEX-encoded (AVX-512 VL + VNNI)
+#define EVK_DPBUSD _mm256_dpbusd_epi32  // EVEX-encoded (AVX-512 VL + VNNI)
 #include "x8_body.inc"
-#undef EV_DPBUSD
+#undef EVK_DPBUSD
 }  // namespace x8_evex
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -25,9 +25,9 @@ namespace x8_vnni {
 using q8act::BlockQ8A;
 using q8act::quantize_act;
 constexpr bool kVnni = true;
-#define EV_DPBUSD _mm256_dpbusd_avx_epi32  // VEX-encoded (AVX-VNNI)
+#define EVK_DPBUSD _mm256_dpbusd_avx_epi32  // VEX-encoded (AVX-VNNI)
 #include "x8_body.inc"
-#undef EV_DPBUSD
+#undef EVK_DPBUSD
 }  // namespace x8_vnni
 #if defined(__clang__)
 #pragma clang attribute pop

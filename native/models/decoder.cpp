@@ -102,7 +102,7 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
       compute_(n_threads, std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim()})), kv_type_(kv_type) {
     if (kv_type != evk::DType::F32 && kv_type != evk::DType::F16 && kv_type != evk::DType::Q8_0)
         throw std::invalid_argument("kv_type must be f32, f16 or q8_0");
-    if (kv_type != evk::DType::F32 && (cfg_.head_dim % evk::kQK != 0 || cfg_.head_dim > evk::kMaxAttentionHeadDim))
+    if (!evk::kv_type_fits(kv_type, cfg_.head_dim))
         throw std::invalid_argument(std::string("kv_type ") + (kv_type == evk::DType::F16 ? "f16" : "q8_0") +
                                     " is not supported for a head size of " +
                                     std::to_string(cfg_.head_dim) + " (it needs a multiple of 32, at most " +
@@ -222,17 +222,11 @@ void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
     const int64_t kvd = cache.kv_dim;
     const size_t row = evk::kv_bytes(cache.kv_type, kvd);
-    const evk::FromFloatFn convert = evk::type_traits(cache.kv_type)->from_float;  // F16 / Q8_0: round, quantize
+    // F32: a copy; F16: round to nearest even; Q8_0: the reference quantizer.
+    const evk::FromFloatFn convert = evk::type_traits(cache.kv_type)->from_float;
     for (int64_t t = 0; t < ch.n; ++t) {
-        uint8_t* k = cache.k + static_cast<size_t>(ch.pos0 + t) * row;
-        uint8_t* v = cache.v + static_cast<size_t>(ch.pos0 + t) * row;
-        if (cache.kv_type == evk::DType::F32) {
-            std::memcpy(k, &c.s.k[t * kvd], row);
-            std::memcpy(v, &c.s.v[t * kvd], row);
-        } else {
-            convert(&c.s.k[t * kvd], k, kvd);
-            convert(&c.s.v[t * kvd], v, kvd);
-        }
+        convert(&c.s.k[t * kvd], cache.k + static_cast<size_t>(ch.pos0 + t) * row, kvd);
+        convert(&c.s.v[t * kvd], cache.v + static_cast<size_t>(ch.pos0 + t) * row, kvd);
     }
 }
 
@@ -431,14 +425,13 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             prefill(PromptInput{&next, 1}, next_logits_.data(), false);
             logits = next_logits_.data();
         } else {
-            std::array<int32_t, 1 + kMaxDraft>& rows = pass_rows;
-            rows[0] = next;
-            std::copy(draft.begin(), draft.begin() + k, rows.begin() + 1);
+            pass_rows[0] = next;
+            std::copy(draft.begin(), draft.begin() + k, pass_rows.begin() + 1);
             if (recurrent) {
                 std::copy(rec_.begin(), rec_.end(), rec_check_.begin());
                 pass_pos0 = n_past_;
             }
-            prefill(PromptInput{rows.data(), 1 + k}, spec_logits_.data(), true);
+            prefill(PromptInput{pass_rows.data(), 1 + k}, spec_logits_.data(), true);
             logits = spec_logits_.data();
             n_draft = k;
             ++out.spec_passes;
