@@ -17,7 +17,9 @@ namespace evk {
 // kernels/matmul/packed_p16.h).
 enum class WLayout : uint8_t { kRows = 0, kX8 = 1, kP16 = 2 };
 
-// y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m).
+// y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m). Every variant gives
+// token t the same bits whatever m and the tokens beside it (kernel_check): a verification pass's
+// rows are the one-row decode steps (native/models/decoder.h, kMaxPassRows).
 // W rows are k elements of wtype, w_row_bytes apart (w_layout kRows), or the whole weight packed
 // in w_layout. scratch holds at least kMatmulScratchRows * k floats, private to the calling thread.
 // A variant with an activation format of its own (MatmulChoice::act) reads x converted once per

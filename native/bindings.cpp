@@ -340,7 +340,7 @@ PYBIND11_MODULE(_engine, m) {
         .def("variants", &Decoder::variants, "Which kernel variant serves each operator.")
         .def("reset", &Decoder::reset)
         .def("forward", [](Decoder& mdl, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
-                           bool all_logits, py::object features, py::object slots) {
+                           bool all_logits, py::object features, py::object slots, bool decode_phase) {
             Prompt p;
             ids = as_ids(ids);
             p.ids.assign(ids.data(), ids.data() + ids.shape(0));
@@ -351,14 +351,18 @@ PYBIND11_MODULE(_engine, m) {
             const int64_t V = mdl.config().n_vocab;
             py::array_t<float> out = all_logits ? py::array_t<float>(std::vector<py::ssize_t>{n, V}) : py::array_t<float>(std::vector<py::ssize_t>{V});
             float* dst = out.mutable_data();
+            PromptInput in = p.input();
+            in.decode_phase = decode_phase;
             {
                 py::gil_scoped_release nogil;
-                mdl.prefill(p.input(), dst, all_logits);
+                mdl.prefill(in, dst, all_logits);
             }
             return out;
         }, py::arg("ids"), py::arg("all_logits") = false, py::arg("features") = py::none(), py::arg("slots") = py::none(),
+           py::arg("decode_phase") = false,
            "Appends tokens to the sequence (the rows at `slots` take the rows of `features`, shape (len(slots), "
-           "n_embd): an image); returns the last position's logits, or every position's.")
+           "n_embd): an image); returns the last position's logits, or every position's. decode_phase: the "
+           "decode kernels run every row (as a verification pass does), whatever the number of tokens.")
         .def("generate", [](Decoder& mdl, py::object prompt, int64_t max_new, std::vector<int32_t> stop_ids, double max_ms,
                             std::shared_ptr<TokenConstraint> constraint, std::optional<std::vector<int32_t>> lookup) {
             if (max_new < 0) throw py::value_error("max_new_tokens must be >= 0");

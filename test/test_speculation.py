@@ -26,6 +26,50 @@ def _spec(r: Any) -> dict[str, int]:
     return r.extra.get("speculation", {"passes": 0, "drafted": 0, "accepted": 0})
 
 
+def _pass_rows_match_steps(native: Any, prompt: list[int], rows: list[int]) -> None:
+    """The logits of `rows` run as one decode-phase chunk (a verification pass) are bitwise those of
+    one-row steps, and the state after it is the same (the next step's logits)."""
+    native.reset()
+    native.forward(np.array(prompt, np.int32))
+    chunk = native.forward(np.array(rows, np.int32), all_logits=True, decode_phase=True)
+    after_chunk = native.forward(np.array([7], np.int32))
+    native.reset()
+    native.forward(np.array(prompt, np.int32))
+    steps = np.stack([native.forward(np.array([t], np.int32)) for t in rows])
+    after_steps = native.forward(np.array([7], np.int32))
+    assert np.array_equal(chunk, steps), np.abs(chunk - steps).max()
+    assert np.array_equal(after_chunk, after_steps)
+
+
+@pytest.mark.parametrize("model", ["SmolLM2 Q4_1", "demo text", "Gemma 3 270M Q4_K_M", "random Qwen3.5"])
+def test_a_verification_pass_of_up_to_8_rows_computes_each_as_a_one_row_step(model: str,
+                                                                              text_model_path: Path) -> None:
+    """The promise speculation rests on, at every pass size (2 to 1 + kMaxDraft = 8 rows, and a
+    2-token chunk): each row of a decode-phase chunk is what a one-row decode step computes, bit
+    for bit, on every weight format these models carry (Q4_1 / Q8_0; Q4_K / Q6_K / Q5_0 / Q8_0;
+    Qwen3.5's recurrent layers)."""
+    import edgevlm_ros
+
+    if model == "SmolLM2 Q4_1":
+        path = text_model_path
+    elif model == "demo text":
+        from edgevlm_ros.demo.demo_model import resolve_pair
+
+        path = resolve_pair(None, None)[0]
+    elif model == "Gemma 3 270M Q4_K_M":
+        path = text_model_path.parent / "gemma-3-270m-q4_k_m.gguf"
+        if not path.exists():
+            pytest.skip(f"{path} is absent (scripts/setup.sh fetches it)")
+    else:
+        from qwen35_fixtures import cached_qwen35_llama_cpp_gguf
+
+        path = cached_qwen35_llama_cpp_gguf()
+    native = edgevlm_ros.load(path, threads=2, n_ctx=256).native
+    prompt = list(range(300, 321))
+    for n in (2, 3, 5, 8):
+        _pass_rows_match_steps(native, prompt, list(range(1000, 1000 + 37 * n, 37)))
+
+
 def test_drafts_from_earlier_answers_give_plain_greedys_tokens(engine: Any) -> None:
     """SmolLM2: each prompt answered plainly, then with every earlier answer (its own included) as
     the drafts' source: the same tokens; its own answer as source is accepted almost whole."""

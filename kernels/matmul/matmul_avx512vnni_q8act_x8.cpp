@@ -157,6 +157,13 @@ EV_AVX512VNNI void run_x8(const MatmulArgs& a, BlockQ8A* yq, ActX8* xa) {
 // the activation blocks (44 bytes per 32 columns), then their broadcasts (256 bytes per 32
 // columns) from the next 64-byte boundary: 300 + 63 bytes per 32 columns at most, k >= 32.
 EV_AVX512VNNI void matmul_avx512vnni_q8act_x8(const MatmulArgs& a) {
+    // Several tokens (a verification pass): the ymm body, which reads each group's weights once for
+    // up to 8 tokens, where this loop would stream the weight once per token. The same sums in the
+    // same order per token (the float steps above are x8_body.inc's), so a token's bits do not
+    // depend on the path (kernel_check's row independence). From memory, SmolLM2-135M Q4_1 at 2
+    // threads: 4 rows cost 1.13-1.23x one row this way, 1.77-1.89x token by token
+    // (docs/kernels/decode-x8-avx512.md, "Verification passes").
+    if (a.m > 1) return x8_evex::dispatch(a);
     const int64_t nb = a.k / kQK;
     BlockQ8A* yq = reinterpret_cast<BlockQ8A*>(a.scratch);
     const uintptr_t after = reinterpret_cast<uintptr_t>(yq + nb);

@@ -426,6 +426,36 @@ int main() {
                         auto same_bits = [&](const std::vector<float>& other) {
                             return std::memcmp(other.data(), y.data(), y.size() * sizeof(float)) == 0;
                         };
+                        // Row independence, promised by every variant: each token's outputs are the
+                        // bits a one-token product gives (the decoder's verification passes rely on
+                        // it: their rows are what one-row decode steps give, native/models/decoder.h).
+                        if (m > 1) {
+                            std::vector<float> one(static_cast<size_t>(rows));
+                            std::vector<uint8_t> xp1;
+                            bool same = true;
+                            for (int64_t tok = 0; tok < m && same; ++tok) {
+                                MatmulArgs b = a;
+                                b.x = x.data() + tok * k;
+                                b.m = 1;
+                                if (choice.act) {
+                                    xp1.assign(choice.act->bytes(1, k) + 64, 0);
+                                    uint8_t* p = xp1.data() + (64 - reinterpret_cast<uintptr_t>(xp1.data()) % 64) % 64;
+                                    choice.act->prep(b.x, k, 1, k, 0, choice.act->padded_tokens(1), p);
+                                    b.xp = p;
+                                }
+                                b.w = choice.packing ? static_cast<const void*>(own.data()) : w.data();
+                                b.w_layout = choice.packing ? choice.packing->layout : WLayout::kRows;
+                                b.y = one.data();
+                                b.row1 = split;
+                                if (split > 0) fn(b);
+                                b.row0 = split;
+                                b.row1 = rows;
+                                fn(b);
+                                same = std::memcmp(one.data(), y.data() + tok * rows, one.size() * sizeof(float)) == 0;
+                            }
+                            check(same, "matmul/" + v.name + "/" + fmt + ": an m-token product's rows differ from one-token products (rows " +
+                                            std::to_string(rows) + ", k " + std::to_string(k) + ", m " + std::to_string(m) + ")");
+                        }
                         // A row-reading variant that also reads the x8 layout must give the same bits from it.
                         if (choice.also_reads == WLayout::kX8 && x8_packed_bytes(t, rows, k) > 0) {
                             const std::vector<uint8_t> x8 = packed_into(x8_packed_bytes, x8_pack);

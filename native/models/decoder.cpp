@@ -175,7 +175,7 @@ void Decoder::prefill(const PromptInput& p, float* logits, bool all_logits) {
     if (n_past_ + p.n > n_ctx_)
         throw std::length_error("context full: " + std::to_string(n_past_) + " + " + std::to_string(p.n) + " tokens > n_ctx " +
                                 std::to_string(n_ctx_));
-    const evk::Phase ph = Compute::phase_for(p.n);
+    const evk::Phase ph = p.decode_phase ? evk::kDecode : Compute::phase_for(p.n);
     for (int64_t c0 = 0; c0 < p.n; c0 += n_batch_) {
         const int64_t cn = std::min(n_batch_, p.n - c0);
         embed(p, c0, cn);
@@ -276,7 +276,55 @@ int64_t follow(const int32_t* tail, int64_t len, const int32_t* seq, int64_t end
     return 0;
 }
 
+// How many drafts generate()'s next verification pass runs: the k (0..kMaxDraft) that maximises
+// the tokens a pass is expected to give per unit of time, (1 + p + ... + p^k) / cost(k), where p is
+// the chance that a draft is accepted given the one before it was (counts of this call's passes,
+// decayed, with a prior of 1/2) and cost(k) the measured time of a (1 + k)-row pass over a one-row
+// step's (PassCosts). So where extra rows cost little (the x86 decode kernels read the weights once
+// for up to 8 rows) long drafts run as soon as they tend to be right, and where each row costs
+// nearly a step (kernels that stream the weights per token) drafts run only when nearly all are
+// accepted. When no k pays, a 1-draft pass still runs every 8th token, to notice when drafts start
+// to fit again. Only the speed depends on this choice: the tokens are greedy's whatever it is.
+class DraftPolicy {
+public:
+    explicit DraftPolicy(const PassCosts& costs) : costs_(costs) {}
+    int64_t want(int64_t since_pass) const {
+        const double p = (accepted_ + 1.0) / (examined_ + 2.0);
+        int64_t best = 0;
+        double best_gain = 1.0, expect = 1.0, pk = 1.0;
+        for (int64_t k = 1; k <= kMaxDraft; ++k) {
+            pk *= p;
+            expect += pk;
+            const double gain = expect / costs_.cost(k);
+            if (gain > best_gain * 1.02) {  // a clear gain, not noise in the measured costs
+                best = k;
+                best_gain = gain;
+            }
+        }
+        return best > 0 ? best : since_pass >= 8 ? 1 : 0;
+    }
+    // A pass of 1 + n_draft rows ended with next_draft of its drafts accepted.
+    void pass(int64_t n_draft, int64_t next_draft) {
+        accepted_ = 0.7 * accepted_ + static_cast<double>(next_draft);
+        examined_ = 0.7 * examined_ + static_cast<double>(next_draft + (next_draft < n_draft ? 1 : 0));
+    }
+
+private:
+    const PassCosts& costs_;
+    double accepted_ = 0, examined_ = 0;
+};
+
 }  // namespace
+
+void PassCosts::timed(int64_t rows, double t) {
+    double& m = ms[static_cast<size_t>(rows)];
+    m = m > 0 ? 0.8 * m + 0.2 * t : t;
+}
+
+double PassCosts::cost(int64_t k) const {
+    const double one = ms[1], many = ms[static_cast<size_t>(1 + k)];
+    return one > 0 && many > 0 ? std::max(1.0, many / one) : 1.0 + 0.1 * static_cast<double>(k);
+}
 
 int64_t propose_drafts(const std::vector<int32_t>& tokens, const std::vector<int32_t>& lookup, const int32_t* prompt,
                        int64_t n_prompt, const std::vector<int32_t>& stop_ids, int64_t max_k, int32_t* out) {
@@ -346,7 +394,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     // A decoder with recurrent state (Qwen3.5) cannot forget a rejected draft by length: its state
     // has advanced through every row of the pass. So the state is copied before each pass and, when
     // fewer rows are confirmed than ran, put back and advanced through the confirmed rows alone
-    // (a decode-phase chunk of 1-2 rows, whose rows compute as one-row steps do).
+    // (a decode-phase chunk of 1 to kMaxDraft rows, whose rows compute as one-row steps do).
     const bool recurrent = !rec_.empty();
     std::array<int32_t, 1 + kMaxDraft> pass_rows{};
     int64_t pass_pos0 = 0;
@@ -354,13 +402,9 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         if (!recurrent || n_draft == 0 || next_draft == n_draft) return;
         std::copy(rec_check_.begin(), rec_check_.end(), rec_.begin());
         n_past_ = pass_pos0;
-        prefill(PromptInput{pass_rows.data(), 1 + next_draft}, nullptr, false);
+        prefill(PromptInput{pass_rows.data(), 1 + next_draft, nullptr, nullptr, 0, true}, nullptr, false);
     };
-    // How many drafts a pass runs follows the running share of drafts accepted: a draft row costs
-    // ~0.4 of a one-row step here (decode kernels at 3 rows, SmolLM2-135M Q4_1, 2026-12-03), so two
-    // drafts pay off from ~0.6 accepted, one from ~0.4; below that a pass runs only every 8th token,
-    // to notice when drafts start to fit again.
-    double accept_rate = 0.5;
+    DraftPolicy policy(pass_costs_);
     const float* logits = next_logits_.data();
     for (int64_t i = 0; i < max_new; ++i) {
         // Greedy: the first maximum wins ties, as torch.argmax does (among the allowed tokens).
@@ -405,8 +449,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             ++out.spec_accepted;
             continue;
         }
-        if (n_draft > 0)  // a pass whose drafts end here
-            accept_rate = 0.7 * accept_rate + 0.3 * static_cast<double>(next_draft) / static_cast<double>(n_draft);
+        if (n_draft > 0) policy.pass(n_draft, next_draft);  // a pass whose drafts end here
         settle_pass();
         n_draft = next_draft = 0;
         n_past_ = base + n_fed;  // the cache forgets the drafts that were not confirmed
@@ -416,14 +459,15 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         }
         int64_t k = 0;
         if (speculate) {
-            const int64_t want = accept_rate >= 0.6 ? 2 : accept_rate >= 0.4 || since_pass >= 8 ? 1 : 0;
             k = propose_drafts(out.tokens, *lookup, p.ids, p.n, stop_ids,
-                               std::min({want, kMaxDraft, max_new - i - 2, n_ctx_ - n_past_ - 1}), draft.data());
+                               std::min({policy.want(since_pass), max_new - i - 2, n_ctx_ - n_past_ - 1}), draft.data());
         }
         since_pass = k > 0 ? 0 : since_pass + 1;
+        const Clock::time_point tp = Clock::now();
         if (k == 0) {
             prefill(PromptInput{&next, 1}, next_logits_.data(), false);
             logits = next_logits_.data();
+            if (speculate) pass_costs_.timed(1, ms_since(tp));
         } else {
             pass_rows[0] = next;
             std::copy(draft.begin(), draft.begin() + k, pass_rows.begin() + 1);
@@ -431,7 +475,8 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
                 std::copy(rec_.begin(), rec_.end(), rec_check_.begin());
                 pass_pos0 = n_past_;
             }
-            prefill(PromptInput{pass_rows.data(), 1 + k}, spec_logits_.data(), true);
+            prefill(PromptInput{pass_rows.data(), 1 + k, nullptr, nullptr, 0, true}, spec_logits_.data(), true);
+            pass_costs_.timed(1 + k, ms_since(tp));
             logits = spec_logits_.data();
             n_draft = k;
             ++out.spec_passes;

@@ -55,10 +55,21 @@ struct GenerateResult {
     int64_t spec_passes = 0, spec_drafted = 0, spec_accepted = 0;
 };
 
-// Most draft tokens one verification pass runs beside the token it decodes: together they stay a
-// decode-phase chunk (evk::kDecodeMaxTokens rows), whose rows the kernels compute exactly as one-row
-// decode steps, so a verified token is the token plain greedy decoding gives.
-constexpr int64_t kMaxDraft = evk::kDecodeMaxTokens - 1;
+// Most rows of one verification pass: the token it decodes and up to kMaxDraft drafts, run as a
+// decode-phase chunk whatever its size (PromptInput::decode_phase). Every kernel computes each row
+// of a chunk as a one-row step computes it (evk::MatmulArgs; attention, norms and RoPE work per
+// token), so a verified token is the token plain greedy decoding gives. The decode kernels unpack a
+// weight once for up to 8 rows (matmul_avx512vnni_q8act_x8.cpp, x8_body.inc).
+constexpr int64_t kMaxPassRows = 8;
+constexpr int64_t kMaxDraft = kMaxPassRows - 1;
+
+// The measured time of a decode-phase pass by its rows (ms[rows], a running mean over the decoder's
+// generate() calls; 0: not measured yet), which sizes the verification passes (decoder.cpp).
+struct PassCosts {
+    std::array<double, kMaxPassRows + 1> ms{};
+    void timed(int64_t rows, double ms_taken);
+    double cost(int64_t k) const;  // a pass of 1 + k rows over a one-row step (1 + k/10 unmeasured)
+};
 
 // generate()'s draft sources, in this order: the tokens that followed the longest run (1-3) of
 // `tokens`' last ids in `lookup` (earlier answers; its latest occurrence); else n-grams of the
@@ -76,6 +87,9 @@ struct PromptInput {
     const float* features = nullptr;
     const int64_t* slots = nullptr;
     int64_t n_slots = 0;
+    // Run with the decode kernels whatever n (a verification pass: its rows are one-row steps);
+    // otherwise n <= evk::kDecodeMaxTokens does, more rows take the prefill kernels.
+    bool decode_phase = false;
 };
 
 // What one layer keeps of the sequence, declared by its architecture: a KV cache of kv_dim floats
@@ -210,8 +224,8 @@ public:
     // earlier answers, -1 between two. After each token, the longest run of the latest tokens (up to
     // 3) found in it proposes the tokens that followed there as drafts; one decode-phase pass runs the
     // token with up to kMaxDraft drafts, and each draft equal to the token greedy decoding then
-    // chooses is accepted without a pass of its own; how many drafts a pass runs follows the share
-    // accepted so far in the call (0-2). The tokens are those of plain greedy decoding
+    // chooses is accepted without a pass of its own; how many drafts a pass runs (0 to kMaxDraft)
+    // follows the drafts accepted so far in the call and the measured cost of a pass by its rows. The tokens are those of plain greedy decoding
     // (each row of a decode-phase chunk computes as a one-row step); the sequence state at the end
     // is the one plain decoding leaves.
     void generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
@@ -255,6 +269,7 @@ private:
     std::vector<float> rec_;                   // and recurrent states
     std::vector<float> rec_check_;             // generate(): rec_ before a verification pass (speculation)
     std::vector<float> next_logits_;           // generate()'s own: written by its prefill and decode steps, read by it
+    PassCosts pass_costs_;                      // generate()'s verification passes: their measured cost
     std::vector<float> spec_logits_;           // generate()'s verification passes: (1 + kMaxDraft) rows of n_vocab
     int64_t n_past_ = 0;
     std::atomic<bool> cancel_{false};
