@@ -336,6 +336,11 @@ PYBIND11_MODULE(_engine, m) {
         }, "The sequence state restore() accepts: layers with a KV cache (n_layer) and their width (kv_dim), the "
            "context (n_ctx), the floats of recurrent state (recurrent).")
         .def_property_readonly("n_past", &Decoder::n_past)
+        .def_property_readonly("pass_ms", [](const Decoder& mdl) {
+            const PassCosts& c = mdl.pass_costs();
+            return std::vector<double>(c.ms.begin() + 1, c.ms.end());
+        }, "Speculation's running mean time (ms) of a decode-phase pass of 1, 2, ... kMaxPassRows rows as "
+           "generate() measured them (0: not measured yet); they size the verification passes.")
         .def_property_readonly("threads", &Decoder::threads)
         .def("variants", &Decoder::variants, "Which kernel variant serves each operator.")
         .def("reset", &Decoder::reset)

@@ -105,62 +105,84 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) float row_dot(DType t, const u
     return acc + offs;
 }
 
-// One group of 8 rows in the x8 layout (packed_x8.h) against one token: in each 32-byte vector,
+// One group of 8 rows in the x8 layout (packed_x8.h) against N tokens: in each 32-byte vector,
 // bytes 0..15 are rows 0..3 and bytes 16..31 rows 4..7, 4 elements per row; the activations'
 // matching 4-byte group is one 32-bit lane of qs[0..15] or qs[16..31], so sdot by lane leaves
-// each row's sum in its own lane and one float FMA per block serves 4 rows.
+// each row's sum in its own lane and one float FMA per block serves 4 rows. Each weight vector is
+// loaded (and unpacked) once for the N tokens (a verification pass reads the weights once); each
+// token's float steps are the same in the same order whatever N, and its integer sums are exact,
+// so a token's 8 results do not depend on the tokens beside it.
 #define EV_X8_DOT(P0, P1, A, B, Y, L)            \
     P0 = vdotq_laneq_s32(P0, A, Y, L);           \
     P1 = vdotq_laneq_s32(P1, B, Y, L)
 
-__attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const uint8_t* g, const BlockQ8A* y, int64_t nb,
-                                                                float* out) {
+template <int N>
+__attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const uint8_t* g, const BlockQ8A* const* y,
+                                                                int64_t nb, float* const* out) {
     const size_t bb = x8_block_bytes(t), scales = t == DType::Q4_1 ? 32 : 16;
     const uint8x16_t low = vdupq_n_u8(0x0f);
-    float32x4_t acc0 = vdupq_n_f32(0.f), acc1 = vdupq_n_f32(0.f);
+    float32x4_t acc0[N], acc1[N];
+    for (int n = 0; n < N; ++n) acc0[n] = acc1[n] = vdupq_n_f32(0.f);
     for (int64_t b = 0; b < nb; ++b, g += bb) {
         const uint8_t* v = g + scales;
-        const int8x16_t y0 = vld1q_s8(y[b].qs), y1 = vld1q_s8(y[b].qs + 16);
-        int32x4_t p0 = vdupq_n_s32(0), p1 = vdupq_n_s32(0);  // rows 0..3, rows 4..7
+        int8x16_t y0[N], y1[N];
+        int32x4_t p0[N], p1[N];  // rows 0..3, rows 4..7
+        for (int n = 0; n < N; ++n) {
+            y0[n] = vld1q_s8(y[n][b].qs);
+            y1[n] = vld1q_s8(y[n][b].qs + 16);
+            p0[n] = p1[n] = vdupq_n_s32(0);
+        }
         if (t == DType::Q8_0) {
-            auto w = [v](int j, int half) { return vld1q_s8(reinterpret_cast<const int8_t*>(v + 32 * j + 16 * half)); };
-            EV_X8_DOT(p0, p1, w(0, 0), w(0, 1), y0, 0);
-            EV_X8_DOT(p0, p1, w(1, 0), w(1, 1), y0, 1);
-            EV_X8_DOT(p0, p1, w(2, 0), w(2, 1), y0, 2);
-            EV_X8_DOT(p0, p1, w(3, 0), w(3, 1), y0, 3);
-            EV_X8_DOT(p0, p1, w(4, 0), w(4, 1), y1, 0);
-            EV_X8_DOT(p0, p1, w(5, 0), w(5, 1), y1, 1);
-            EV_X8_DOT(p0, p1, w(6, 0), w(6, 1), y1, 2);
-            EV_X8_DOT(p0, p1, w(7, 0), w(7, 1), y1, 3);
+            for (int j = 0; j < 8; ++j) {
+                const int8x16_t w0 = vld1q_s8(reinterpret_cast<const int8_t*>(v + 32 * j));
+                const int8x16_t w1 = vld1q_s8(reinterpret_cast<const int8_t*>(v + 32 * j + 16));
+                for (int n = 0; n < N; ++n) {
+                    const int8x16_t yy = j < 4 ? y0[n] : y1[n];
+                    switch (j % 4) {  // the lane is an immediate
+                    case 0: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 0); break;
+                    case 1: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 1); break;
+                    case 2: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 2); break;
+                    default: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 3); break;
+                    }
+                }
+            }
         } else {
             // Nibbles 0..15 are valid signed bytes: sdot takes them as they are.
-            auto lo = [v, low](int j, int half) { return vreinterpretq_s8_u8(vandq_u8(vld1q_u8(v + 32 * j + 16 * half), low)); };
-            auto hi = [v](int j, int half) { return vreinterpretq_s8_u8(vshrq_n_u8(vld1q_u8(v + 32 * j + 16 * half), 4)); };
-            EV_X8_DOT(p0, p1, lo(0, 0), lo(0, 1), y0, 0);
-            EV_X8_DOT(p0, p1, hi(0, 0), hi(0, 1), y1, 0);
-            EV_X8_DOT(p0, p1, lo(1, 0), lo(1, 1), y0, 1);
-            EV_X8_DOT(p0, p1, hi(1, 0), hi(1, 1), y1, 1);
-            EV_X8_DOT(p0, p1, lo(2, 0), lo(2, 1), y0, 2);
-            EV_X8_DOT(p0, p1, hi(2, 0), hi(2, 1), y1, 2);
-            EV_X8_DOT(p0, p1, lo(3, 0), lo(3, 1), y0, 3);
-            EV_X8_DOT(p0, p1, hi(3, 0), hi(3, 1), y1, 3);
+            for (int j = 0; j < 4; ++j) {
+                const uint8x16_t r0 = vld1q_u8(v + 32 * j), r1 = vld1q_u8(v + 32 * j + 16);
+                const int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(r0, low)), lo1 = vreinterpretq_s8_u8(vandq_u8(r1, low));
+                const int8x16_t hi0 = vreinterpretq_s8_u8(vshrq_n_u8(r0, 4)), hi1 = vreinterpretq_s8_u8(vshrq_n_u8(r1, 4));
+                for (int n = 0; n < N; ++n) {
+                    switch (j) {
+                    case 0: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 0); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 0); break;
+                    case 1: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 1); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 1); break;
+                    case 2: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 2); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 2); break;
+                    default: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 3); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 3); break;
+                    }
+                }
+            }
         }
         const float32x4_t d0 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g))));
         const float32x4_t d1 = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 8))));
-        float32x4_t f0 = vmulq_n_f32(vcvtq_f32_s32(p0), y[b].d), f1 = vmulq_n_f32(vcvtq_f32_s32(p1), y[b].d);
-        if (t == DType::Q4_0) {  // w = d (n - 8): d * (dx * sum n q - 8 dx sum q)
-            f0 = vsubq_f32(f0, vdupq_n_f32(8.f * y[b].s));
-            f1 = vsubq_f32(f1, vdupq_n_f32(8.f * y[b].s));
-        }
-        acc0 = vfmaq_f32(acc0, d0, f0);
-        acc1 = vfmaq_f32(acc1, d1, f1);
-        if (t == DType::Q4_1) {
-            acc0 = vfmaq_n_f32(acc0, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 16)))), y[b].s);
-            acc1 = vfmaq_n_f32(acc1, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 24)))), y[b].s);
+        for (int n = 0; n < N; ++n) {
+            const BlockQ8A& yb = y[n][b];
+            float32x4_t f0 = vmulq_n_f32(vcvtq_f32_s32(p0[n]), yb.d), f1 = vmulq_n_f32(vcvtq_f32_s32(p1[n]), yb.d);
+            if (t == DType::Q4_0) {  // w = d (n - 8): d * (dx * sum n q - 8 dx sum q)
+                f0 = vsubq_f32(f0, vdupq_n_f32(8.f * yb.s));
+                f1 = vsubq_f32(f1, vdupq_n_f32(8.f * yb.s));
+            }
+            acc0[n] = vfmaq_f32(acc0[n], d0, f0);
+            acc1[n] = vfmaq_f32(acc1[n], d1, f1);
+            if (t == DType::Q4_1) {
+                acc0[n] = vfmaq_n_f32(acc0[n], vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 16)))), yb.s);
+                acc1[n] = vfmaq_n_f32(acc1[n], vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(g + 24)))), yb.s);
+            }
         }
     }
-    vst1q_f32(out, acc0);
-    vst1q_f32(out + 4, acc1);
+    for (int n = 0; n < N; ++n) {
+        vst1q_f32(out[n], acc0[n]);
+        vst1q_f32(out[n] + 4, acc1[n]);
+    }
 }
 #undef EV_X8_DOT
 
@@ -287,22 +309,49 @@ __attribute__((target("arch=armv8.2-a+i8mm"))) void matmul_neon_q8act_i8mm(const
     }
 }
 
-// a.w is the x8-packed weight (packed_x8.h).
-__attribute__((target("arch=armv8.2-a+dotprod"))) void matmul_neon_q8act_dot_x8(const MatmulArgs& a) {
-    BlockQ8A* yq = reinterpret_cast<BlockQ8A*>(a.scratch);
+namespace {
+
+// Tokens t0 .. t0 + N - 1 (their blocks at yq + n * nb) against the groups of the row range.
+template <int N>
+__attribute__((target("arch=armv8.2-a+dotprod"))) void x8_tokens(const MatmulArgs& a, const BlockQ8A* yq, int64_t t0) {
     const int64_t nb = a.k / kQK;
     const size_t group_bytes = static_cast<size_t>(nb) * x8_block_bytes(a.wtype);
     const uint8_t* base = static_cast<const uint8_t*>(a.w);
     const int64_t g0 = a.row0 / kPackRows, g1 = (a.row1 + kPackRows - 1) / kPackRows;
-    for (int64_t t = 0; t < a.m; ++t) {
-        quantize_act(a.x + t * a.x_stride, a.k, yq);
-        float* y = a.y + t * a.y_stride;
-        for (int64_t g = g0; g < g1; ++g) {
-            float out[kPackRows];
-            x8_group(a.wtype, base + static_cast<size_t>(g) * group_bytes, yq, nb, out);
-            const int64_t r0 = std::max(a.row0, g * kPackRows), r1 = std::min(a.row1, (g + 1) * kPackRows);
-            for (int64_t r = r0; r < r1; ++r) y[r] = out[r - g * kPackRows];
+    const BlockQ8A* ys[N];
+    float out[N][kPackRows];
+    float* outs[N];
+    for (int n = 0; n < N; ++n) {
+        ys[n] = yq + n * nb;
+        outs[n] = out[n];
+    }
+    for (int64_t g = g0; g < g1; ++g) {
+        x8_group<N>(a.wtype, base + static_cast<size_t>(g) * group_bytes, ys, nb, outs);
+        const int64_t r0 = std::max(a.row0, g * kPackRows), r1 = std::min(a.row1, (g + 1) * kPackRows);
+        for (int n = 0; n < N; ++n)
+            for (int64_t r = r0; r < r1; ++r) a.y[(t0 + n) * a.y_stride + r] = out[n][r - g * kPackRows];
+    }
+}
+
+}  // namespace
+
+// a.w is the x8-packed weight (packed_x8.h). Tokens in passes of up to 4 (what the 32 vector
+// registers hold: per token two activation vectors, two int and two float accumulators).
+__attribute__((target("arch=armv8.2-a+dotprod"))) void matmul_neon_q8act_dot_x8(const MatmulArgs& a) {
+    constexpr int kPass = 4;
+    static_assert(kPass * sizeof(BlockQ8A) <= kMatmulScratchRows * kQK * sizeof(float), "the scratch holds a pass's blocks");
+    BlockQ8A* yq = reinterpret_cast<BlockQ8A*>(a.scratch);
+    const int64_t nb = a.k / kQK;
+    for (int64_t t = 0; t < a.m;) {
+        const int n = static_cast<int>(std::min<int64_t>(kPass, a.m - t));
+        for (int i = 0; i < n; ++i) quantize_act(a.x + (t + i) * a.x_stride, a.k, yq + i * nb);
+        switch (n) {
+        case 1: x8_tokens<1>(a, yq, t); break;
+        case 2: x8_tokens<2>(a, yq, t); break;
+        case 3: x8_tokens<3>(a, yq, t); break;
+        default: x8_tokens<4>(a, yq, t); break;
         }
+        t += n;
     }
 }
 

@@ -204,6 +204,7 @@ public:
     evk::DType kv_type() const { return kv_type_; }
     size_t kv_bytes_per_token() const;  // the KV cache's bytes per position, all layers
     int64_t n_past() const { return n_past_; }
+    const PassCosts& pass_costs() const { return pass_costs_; }  // speculation's measured pass times
     const std::vector<LayerShape>& layer_shapes() const { return shapes_; }  // what each layer keeps
     int threads() const { return compute_.threads(); }
     void reset();  // an empty sequence: no positions, recurrent states zero
