@@ -108,6 +108,8 @@ def test_bench_speculation_quick(capsys):
     assert result["streams"]["drift"]["accepted"] > 0
     assert result["floor"]["floor_ms"] > 0
     assert "| drift |" in captured.err and "floor" in captured.err
+    # The decoder's measured pass times (1..8 rows): a one-row step and at least one pass measured.
+    assert len(result["pass_ms"]) == 8 and result["pass_ms"][0] > 0 and any(x > 0 for x in result["pass_ms"][1:])
 
 
 def test_bench_kv_cache_quick(capsys):

@@ -71,6 +71,8 @@ def run_speculation(frames: int = 60, threads: int = 2, seed: int = 42, max_new_
         row["plain_vs_floor"] = row["plain_ms_per_token"] / floors["floor_ms"] if row["plain_ms_per_token"] else None
         out["streams"][name] = row
         log(f"{name}: {format_row(name, row)}")
+    # What a verification pass of 1..8 rows cost the decoder (its running means, which size the passes).
+    out["pass_ms"] = [round(float(x), 3) for x in vlm.text.native.pass_ms]
     return out
 
 
@@ -94,4 +96,8 @@ def format_speculation(result: dict[str, Any]) -> str:
              "ratio | plain ms/token (x floor) | speculative ms/token (x floor) | text mismatches |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [format_row(name, row) for name, row in result["streams"].items()]
+    ms = result.get("pass_ms") or []
+    if ms and ms[0] > 0:
+        cost = " / ".join("-" if x <= 0 else f"{x / ms[0]:.2f}" for x in ms)
+        lines += ["", f"a verification pass of 1 / 2 / ... / {len(ms)} rows, against a one-row step: {cost}"]
     return "\n".join(lines)

@@ -71,7 +71,7 @@ struct PassCosts {
     double cost(int64_t k) const;  // a pass of 1 + k rows over a one-row step (1 + k/10 unmeasured)
 };
 
-// generate()'s draft sources, in this order: the tokens that followed the longest run (1-3) of
+// generate()'s draft sources, in this order: the tokens that followed the longest run (1-5) of
 // `tokens`' last ids in `lookup` (earlier answers; its latest occurrence); else n-grams of the
 // answer itself and then of the prompt (`prompt`, n_prompt ids): what followed an earlier
 // occurrence of its last 3 or 2 ids. Up to -1, a stop id or max_k of them, into out; how many.
@@ -223,12 +223,12 @@ public:
     // lookup (speculation, without a constraint; a decoder with recurrent state is rolled back by a
     // copy of that state taken before each pass, and the confirmed rows run again): token ids of
     // earlier answers, -1 between two. After each token, the longest run of the latest tokens (up to
-    // 3) found in it proposes the tokens that followed there as drafts; one decode-phase pass runs the
+    // 5) found in it proposes the tokens that followed there as drafts; one decode-phase pass runs the
     // token with up to kMaxDraft drafts, and each draft equal to the token greedy decoding then
     // chooses is accepted without a pass of its own; how many drafts a pass runs (0 to kMaxDraft)
-    // follows the drafts accepted so far in the call and the measured cost of a pass by its rows. The tokens are those of plain greedy decoding
-    // (each row of a decode-phase chunk computes as a one-row step); the sequence state at the end
-    // is the one plain decoding leaves.
+    // follows the drafts accepted so far in the call and the measured cost of a pass by its rows.
+    // The tokens are those of plain greedy decoding (each row of a decode-phase chunk computes as a
+    // one-row step); the sequence state at the end is the one plain decoding leaves.
     void generate(const PromptInput& p, int64_t max_new, const std::vector<int32_t>& stop_ids, double max_ms,
                   GenerateResult& out, TokenConstraint* constraint = nullptr, const std::vector<int32_t>* lookup = nullptr);
 
