@@ -39,6 +39,7 @@ void delta_rule_neon(float*, const float*, const float*, int64_t, const float*, 
 void l2norm_neon(const float*, float*, int64_t, float);
 void rmsnorm_gated_neon(const float*, const float*, const float*, float*, int64_t, float);
 void sigmoid_mul_neon(float*, const float*, int64_t);
+void attention_neon(const AttentionArgs&);
 void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
 void matmul_neon_q8act_dot_x8(const MatmulArgs&);
@@ -245,6 +246,7 @@ const std::vector<Variant>& registry() {
         {EVK_V(l2norm, neon), {}, "neon"},
         {EVK_V(rmsnorm_gated, neon), {}, "neon"},
         {EVK_V(sigmoid_mul, neon), {}, "neon"},
+        {EVK_V(attention, neon), {}, "neon"},
         {EVK_V(matmul, neon_f32act), dequantized_formats(), "neon"},
         {EVK_V(matmul, neon_q8act_dot), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K,
                                          DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "neon,dotprod"},
