@@ -45,8 +45,12 @@ using MatmulFn = void (*)(const MatmulArgs&);
 // does not read) + 1 for a row unpacked from a packed layout to the file's bytes.
 constexpr int64_t kMatmulScratchRows = 49;
 
-// Causal attention of one query row against cached keys/values of one kv head.
-// out[d] = sum_j softmax_j(scale * q.k_j) v_j for j in [0, n_kv); scores holds n_kv floats.
+// Causal attention of n_q query rows (the query heads that share one kv head: grouped-query
+// attention) against the cached keys/values of that kv head. For each g < n_q, with q_g = q + g *
+// q_stride and out_g = out + g * q_stride: out_g[d] = sum_j softmax_j(scale * q_g.k_j) v_j for j in
+// [0, n_kv); scores holds n_q * n_kv floats. A head's result is bitwise the one of a call with that
+// head alone (n_q = 1): the grouping only lets a variant read each key and value row once for all
+// n_q heads (1 <= n_q <= kMaxAttentionGroup).
 // The cache holds kv_type elements: F32, F16, or Q8_0 (blocks of 32 along the head, ggml's layout);
 // for F16 and Q8_0 head_dim is a multiple of 32 and at most kMaxAttentionHeadDim, and the strides
 // are multiples of 32 (a row's blocks never straddle two heads).
@@ -61,8 +65,11 @@ struct AttentionArgs {
     float* out;
     float* scores;
     DType kv_type = DType::F32;
+    int64_t n_q = 1;       // query heads sharing this kv head
+    int64_t q_stride = 0;  // floats from one query head (and its output) to the next
 };
 constexpr int64_t kMaxAttentionHeadDim = 512;
+constexpr int64_t kMaxAttentionGroup = 16;
 // Whether a cache of type t can hold heads of head_dim values (F32 any; F16 / Q8_0 as above).
 constexpr bool kv_type_fits(DType t, int64_t head_dim) {
     return t == DType::F32 || (head_dim % kQK == 0 && head_dim <= kMaxAttentionHeadDim);

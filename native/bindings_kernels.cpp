@@ -314,10 +314,12 @@ void register_kernel_bindings(py::module_& m) {
                                  py::array_t<float, py::array::c_style | py::array::forcecast> k,
                                  py::array_t<float, py::array::c_style | py::array::forcecast> v, float scale,
                                  const std::string& kv_type) {
-        if (q.ndim() != 1 || k.ndim() != 2 || v.ndim() != 2 || k.shape(1) != q.shape(0) || v.shape(1) != q.shape(0) ||
-            k.shape(0) != v.shape(0) || k.shape(0) < 1)
-            throw py::value_error("q (d,), k and v (n, d) with n >= 1");
-        const int64_t d = q.shape(0), n = k.shape(0);
+        if (q.ndim() < 1 || q.ndim() > 2 || k.ndim() != 2 || v.ndim() != 2 || k.shape(1) != q.shape(q.ndim() - 1) ||
+            v.shape(1) != k.shape(1) || k.shape(0) != v.shape(0) || k.shape(0) < 1)
+            throw py::value_error("q (d,) or (heads, d), k and v (n, d) with n >= 1");
+        const int64_t d = k.shape(1), n = k.shape(0), g = q.ndim() == 2 ? q.shape(0) : 1;
+        if (g < 1 || g > evk::kMaxAttentionGroup)
+            throw py::value_error("1 to " + std::to_string(evk::kMaxAttentionGroup) + " query heads share a kv head");
         const evk::DType t = kv_type_named(kv_type);
         if (!evk::kv_type_fits(t, d))
             throw py::value_error("a f16 / q8_0 cache needs a head size that is a multiple of 32, at most 512");
@@ -325,13 +327,13 @@ void register_kernel_bindings(py::module_& m) {
         std::vector<uint8_t> kc(evk::kv_bytes(t, n * d)), vc(kc.size());
         evk::type_traits(t)->from_float(k.data(), kc.data(), n * d);
         evk::type_traits(t)->from_float(v.data(), vc.data(), n * d);
-        py::array_t<float> out(d);
-        std::vector<float> scores(static_cast<size_t>(n));
-        evk::AttentionArgs a{q.data(), kc.data(), vc.data(), d, d, n, d, scale, out.mutable_data(), scores.data(), t};
+        py::array_t<float> out(std::vector<py::ssize_t>(q.shape(), q.shape() + q.ndim()));
+        std::vector<float> scores(static_cast<size_t>(g * n));
+        evk::AttentionArgs a{q.data(), kc.data(), vc.data(), d, d, n, d, scale, out.mutable_data(), scores.data(), t, g, d};
         run_variant("attention operator", "attention", table, [&](evk::AttentionFn fn) { fn(a); });
         return out;
     }, py::arg("variant"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("kv_type") = "f32",
-       "One query row's attention by a named variant, over keys and values stored as kv_type (f32, f16, q8_0).");
+       "Attention of one query row, or of a group of query heads sharing the kv head (q of shape (heads, d)), by a named variant, over keys and values stored as kv_type (f32, f16, q8_0).");
 
     // One exp-based element-wise operator by a named variant ('ref', 'best' = what the operator
     // table picked at start, or a variant name) on a copy of x: softmax over each row of a 2-D x

@@ -1,4 +1,4 @@
-// AVX2 + FMA attention of one query row against the cached keys and values of one kv head
+// AVX2 + FMA attention of the query rows of one kv head's group against its cached keys and values
 // (AttentionArgs, kernels/ops.h), on a float, half or int8 (Q8_0) cache; docs/kernels/decode-attention.md. Compiled for the baseline ISA;
 // only these functions carry the AVX2 target, and the operator table calls them only on CPUs that
 // report AVX2 and FMA.
@@ -32,7 +32,7 @@ EV_AVX2 inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256
 // scale * q.k for the keys [j, j + 8): one accumulator per key (8 independent FMA chains, q loaded
 // once per 8 keys), the tail of head_dim % 8 by masked loads (nothing read past a row). Keys past
 // n_kv repeat the last one; the caller stores only the valid lanes.
-EV_AVX2 inline __m256 scores8(const AttentionArgs& a, int64_t j, __m256i dmask) {
+EV_AVX2 inline __m256 scores8(const AttentionArgs& a, const float* qp, int64_t j, __m256i dmask) {
     const int64_t last = a.n_kv - 1, st = a.k_stride;
     const float* k = static_cast<const float*>(a.k);
     const float* r0 = k + (j < last ? j : last) * st;
@@ -46,7 +46,7 @@ EV_AVX2 inline __m256 scores8(const AttentionArgs& a, int64_t j, __m256i dmask) 
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     int64_t d = 0;
     for (; d + 8 <= a.head_dim; d += 8) {
-        const __m256 q = _mm256_loadu_ps(a.q + d);
+        const __m256 q = _mm256_loadu_ps(qp + d);
         s0 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r0 + d), s0);
         s1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r1 + d), s1);
         s2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r2 + d), s2);
@@ -57,7 +57,7 @@ EV_AVX2 inline __m256 scores8(const AttentionArgs& a, int64_t j, __m256i dmask) 
         s7 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r7 + d), s7);
     }
     if (d < a.head_dim) {
-        const __m256 q = _mm256_maskload_ps(a.q + d, dmask);
+        const __m256 q = _mm256_maskload_ps(qp + d, dmask);
         s0 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r0 + d, dmask), s0);
         s1 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r1 + d, dmask), s1);
         s2 = _mm256_fmadd_ps(q, _mm256_maskload_ps(r2 + d, dmask), s2);
@@ -85,37 +85,64 @@ EV_AVX2 inline void store_chunk(float* p, int c, __m256 x, __m256i dmask) {
         _mm256_storeu_ps(p + 8 * c, x);
 }
 
+// A weighted sum's accumulators between two chunks of rows (a head of a group waits while the
+// others use the chunk): stored and reloaded exactly, so chunking does not change a single addition.
+struct SumState {
+    alignas(32) float v[12][8];
+};
+
 // out[0, 8 NC) (the last chunk masked when Tail) = inv * sum_j e[j] v_j, j-outer: NC independent
 // accumulators hold this block of the output row in registers, each V row is read once (a second
-// set of accumulators, for odd j, when NC <= 4, so that there are enough independent FMA chains).
+// set of accumulators, for even / odd j, when NC <= 4, so that there are enough independent FMA
+// chains). Rows [j0, j1) of the sum: from zero when first, else from st; into st unless last, when
+// the sum is scaled and stored to out (j0 even, so the pairs are those of one call over all rows).
 // The accumulators are named variables, not an array: GCC keeps an array of vectors in memory and
 // stores every accumulator on every step.
 template <int NC, bool Tail>
-EV_AVX2 void weighted_sum(const float* e, const float* v, int64_t stride, int64_t n, float inv, int64_t rem,
-                          float* out) {
+EV_AVX2 void weighted_sum(const float* e, const float* v, int64_t stride, int64_t j0, int64_t j1, int64_t rem,
+                          bool first, bool last, float inv, SumState* st, float* out) {
     static_assert(NC >= 1 && NC <= 8, "blocks of at most 64 floats");
     const __m256i dmask = tail_mask(rem);  // the last chunk's lanes when Tail (rem = head_dim % 8)
     constexpr bool kTwoSets = NC <= 4;
     const __m256 z = _mm256_setzero_ps();
     __m256 a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z, b0 = z, b1 = z, b2 = z, b3 = z;
+#define EV_ATT_LOAD(acc, i, used) \
+    if (used) acc = _mm256_load_ps(st->v[i]);
+    if (!first) {
+        EV_ATT_LOAD(a0, 0, true) EV_ATT_LOAD(a1, 1, NC > 1) EV_ATT_LOAD(a2, 2, NC > 2) EV_ATT_LOAD(a3, 3, NC > 3)
+        EV_ATT_LOAD(a4, 4, NC > 4) EV_ATT_LOAD(a5, 5, NC > 5) EV_ATT_LOAD(a6, 6, NC > 6) EV_ATT_LOAD(a7, 7, NC > 7)
+        EV_ATT_LOAD(b0, 8, kTwoSets) EV_ATT_LOAD(b1, 9, kTwoSets && NC > 1) EV_ATT_LOAD(b2, 10, kTwoSets && NC > 2)
+        EV_ATT_LOAD(b3, 11, kTwoSets && NC > 3)
+    }
+#undef EV_ATT_LOAD
 #define EV_ATT_FMA(acc, c, p, row) \
     if (c < NC) acc = _mm256_fmadd_ps(p, load_chunk<NC, Tail>(row, c, dmask), acc);
-    int64_t j = 0;
+    int64_t j = j0;
     if (kTwoSets)
-        for (; j + 2 <= n; j += 2) {
+        for (; j + 2 <= j1; j += 2) {
             const __m256 p0 = _mm256_broadcast_ss(e + j), p1 = _mm256_broadcast_ss(e + j + 1);
             const float* v0 = v + j * stride;
             const float* v1 = v0 + stride;
             EV_ATT_FMA(a0, 0, p0, v0) EV_ATT_FMA(a1, 1, p0, v0) EV_ATT_FMA(a2, 2, p0, v0) EV_ATT_FMA(a3, 3, p0, v0)
             EV_ATT_FMA(b0, 0, p1, v1) EV_ATT_FMA(b1, 1, p1, v1) EV_ATT_FMA(b2, 2, p1, v1) EV_ATT_FMA(b3, 3, p1, v1)
         }
-    for (; j < n; ++j) {
+    for (; j < j1; ++j) {
         const __m256 p = _mm256_broadcast_ss(e + j);
         const float* vj = v + j * stride;
         EV_ATT_FMA(a0, 0, p, vj) EV_ATT_FMA(a1, 1, p, vj) EV_ATT_FMA(a2, 2, p, vj) EV_ATT_FMA(a3, 3, p, vj)
         EV_ATT_FMA(a4, 4, p, vj) EV_ATT_FMA(a5, 5, p, vj) EV_ATT_FMA(a6, 6, p, vj) EV_ATT_FMA(a7, 7, p, vj)
     }
 #undef EV_ATT_FMA
+    if (!last) {
+#define EV_ATT_SAVE(acc, i, used) \
+    if (used) _mm256_store_ps(st->v[i], acc);
+        EV_ATT_SAVE(a0, 0, true) EV_ATT_SAVE(a1, 1, NC > 1) EV_ATT_SAVE(a2, 2, NC > 2) EV_ATT_SAVE(a3, 3, NC > 3)
+        EV_ATT_SAVE(a4, 4, NC > 4) EV_ATT_SAVE(a5, 5, NC > 5) EV_ATT_SAVE(a6, 6, NC > 6) EV_ATT_SAVE(a7, 7, NC > 7)
+        EV_ATT_SAVE(b0, 8, kTwoSets) EV_ATT_SAVE(b1, 9, kTwoSets && NC > 1) EV_ATT_SAVE(b2, 10, kTwoSets && NC > 2)
+        EV_ATT_SAVE(b3, 11, kTwoSets && NC > 3)
+#undef EV_ATT_SAVE
+        return;
+    }
     if (kTwoSets) {
         a0 = _mm256_add_ps(a0, b0);
         a1 = _mm256_add_ps(a1, b1);
@@ -133,7 +160,8 @@ EV_AVX2 void weighted_sum(const float* e, const float* v, int64_t stride, int64_
     store_chunk<NC, Tail>(out, 7, _mm256_mul_ps(a7, vinv), dmask);
 }
 
-using WeightedSumFn = void (*)(const float*, const float*, int64_t, int64_t, float, int64_t, float*);
+using WeightedSumFn = void (*)(const float*, const float*, int64_t, int64_t, int64_t, int64_t, bool, bool, float,
+                               SumState*, float*);
 // Indexed by [chunks - 1][head_dim % 8 != 0].
 constexpr WeightedSumFn kWeightedSum[8][2] = {
     {weighted_sum<1, false>, weighted_sum<1, true>}, {weighted_sum<2, false>, weighted_sum<2, true>},
@@ -170,7 +198,7 @@ EV_AVX2 inline float block_scale(const uint8_t* blk) {
 // scale * q.k for the keys [j, j + 8) of a half / int8 cache; keys past n_kv repeat the last one.
 // Q8_0: q times the key block's scale, then one FMA per 8 int8 values converted to float.
 template <DType KV>
-EV_AVX2 inline __m256 scores8_blocks(const AttentionArgs& a, int64_t j) {
+EV_AVX2 inline __m256 scores8_blocks(const AttentionArgs& a, const float* qp, int64_t j) {
     const int64_t last = a.n_kv - 1;
     const size_t st = kv_bytes(KV, a.k_stride);
     const uint8_t* k = static_cast<const uint8_t*>(a.k);
@@ -182,7 +210,7 @@ EV_AVX2 inline __m256 scores8_blocks(const AttentionArgs& a, int64_t j) {
         alignas(32) float dk[8];
         for (int i = 0; i < 8; ++i) dk[i] = block_scale<KV>(r[i] + off);
         for (int c = 0; c < 4; ++c) {
-            const __m256 q = _mm256_loadu_ps(a.q + kQK * b + 8 * c);
+            const __m256 q = _mm256_loadu_ps(qp + kQK * b + 8 * c);
 #define EV_ATT_KEY(acc, i)                                                                                   \
     acc = _mm256_fmadd_ps(KV == DType::Q8_0 ? _mm256_mul_ps(q, _mm256_broadcast_ss(dk + i)) : q,           \
                           load_block8<KV>(r[i] + off, c), acc);
@@ -196,13 +224,22 @@ EV_AVX2 inline __m256 scores8_blocks(const AttentionArgs& a, int64_t j) {
 
 // out[0, 32 NB) = inv * sum_j e[j] v_j over NB blocks of a half / int8 value row (v: the rows'
 // first block, st bytes apart): 4 NB accumulators in registers, each row read once; Q8_0's block
-// scale is folded into the row's weight, e[j] d.
+// scale is folded into the row's weight, e[j] d. Rows [j0, j1), first / last as weighted_sum.
 template <DType KV, int NB>
-EV_AVX2 void weighted_sum_blocks(const float* e, const uint8_t* v, size_t st, int64_t n, float inv, float* out) {
+EV_AVX2 void weighted_sum_blocks(const float* e, const uint8_t* v, size_t st, int64_t j0, int64_t j1, bool first,
+                                 bool last, float inv, SumState* state, float* out) {
     static_assert(NB == 1 || NB == 2, "blocks of at most 64 floats");
     const __m256 z = _mm256_setzero_ps();
     __m256 a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z;
-    for (int64_t j = 0; j < n; ++j) {
+    if (!first) {
+        a0 = _mm256_load_ps(state->v[0]), a1 = _mm256_load_ps(state->v[1]);
+        a2 = _mm256_load_ps(state->v[2]), a3 = _mm256_load_ps(state->v[3]);
+        if constexpr (NB == 2) {
+            a4 = _mm256_load_ps(state->v[4]), a5 = _mm256_load_ps(state->v[5]);
+            a6 = _mm256_load_ps(state->v[6]), a7 = _mm256_load_ps(state->v[7]);
+        }
+    }
+    for (int64_t j = j0; j < j1; ++j) {
         const uint8_t* b0 = v + static_cast<size_t>(j) * st;
         const __m256 p0 = _mm256_set1_ps(e[j] * block_scale<KV>(b0));
         a0 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 0), a0);
@@ -218,6 +255,15 @@ EV_AVX2 void weighted_sum_blocks(const float* e, const uint8_t* v, size_t st, in
             a7 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 3), a7);
         }
     }
+    if (!last) {
+        _mm256_store_ps(state->v[0], a0), _mm256_store_ps(state->v[1], a1);
+        _mm256_store_ps(state->v[2], a2), _mm256_store_ps(state->v[3], a3);
+        if constexpr (NB == 2) {
+            _mm256_store_ps(state->v[4], a4), _mm256_store_ps(state->v[5], a5);
+            _mm256_store_ps(state->v[6], a6), _mm256_store_ps(state->v[7], a7);
+        }
+        return;
+    }
     const __m256 vinv = _mm256_set1_ps(inv);
     _mm256_storeu_ps(out, _mm256_mul_ps(a0, vinv));
     _mm256_storeu_ps(out + 8, _mm256_mul_ps(a1, vinv));
@@ -231,29 +277,66 @@ EV_AVX2 void weighted_sum_blocks(const float* e, const uint8_t* v, size_t st, in
     }
 }
 
-// attention_avx2 on a half / int8 cache: the same steps as the float path below.
+// Rows of V per chunk when a group shares them: 64 rows of a 64-float slice are 16 KiB (F32), so
+// the chunk a head has just read is still in L1 for the next head of the group.
+constexpr int64_t kGroupRows = 64;
+
+// The scores of key block [j, j + 8) for query qp.
 template <DType KV>
-EV_AVX2 void attention_blocks(const AttentionArgs& a) {
-    const int64_t n = a.n_kv, hd = a.head_dim;
-    __m256 vmax = _mm256_set1_ps(-3.4e38f);
+EV_AVX2 inline __m256 scores_of(const AttentionArgs& a, const float* qp, int64_t j, __m256i dmask) {
+    if constexpr (KV == DType::F32)
+        return scores8(a, qp, j, dmask);
+    else
+        return scores8_blocks<KV>(a, qp, j);
+}
+
+// Every head of the group: scores 8 keys at a time, head-inner (the 8 key rows read from memory
+// once, then from L1 for the other heads); each head's exp(s - max) and its sum; then the weighted
+// sums, in chunks of kGroupRows value rows, head-inner (a single head: one chunk of all rows).
+template <DType KV>
+EV_AVX2 void attend(const AttentionArgs& a) {
+    const int64_t n = a.n_kv, hd = a.head_dim, G = a.n_q;
+    const __m256i dmask = tail_mask(hd % 8);
+    __m256 vmax[kMaxAttentionGroup];
+    for (int64_t g = 0; g < G; ++g) vmax[g] = _mm256_set1_ps(-3.4e38f);
     int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const __m256 s = scores8_blocks<KV>(a, j);
-        _mm256_storeu_ps(a.scores + j, s);
-        vmax = _mm256_max_ps(vmax, s);
-    }
-    if (j < n) {
-        const __m256 s = scores8_blocks<KV>(a, j);
-        _mm256_maskstore_ps(a.scores + j, tail_mask(n - j), s);
-        vmax = _mm256_max_ps(vmax, s);
-    }
-    const float mx = hmax(vmax);
-    const float inv = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores, n, mx, 1.f));
-    const uint8_t* v = static_cast<const uint8_t*>(a.v);
-    const size_t st = kv_bytes(KV, a.v_stride);
+    for (; j + 8 <= n; j += 8)
+        for (int64_t g = 0; g < G; ++g) {
+            const __m256 s = scores_of<KV>(a, a.q + g * a.q_stride, j, dmask);
+            _mm256_storeu_ps(a.scores + g * n + j, s);
+            vmax[g] = _mm256_max_ps(vmax[g], s);
+        }
+    if (j < n)  // lanes past n_kv repeat the last key's score: harmless for the maximum
+        for (int64_t g = 0; g < G; ++g) {
+            const __m256 s = scores_of<KV>(a, a.q + g * a.q_stride, j, dmask);
+            _mm256_maskstore_ps(a.scores + g * n + j, tail_mask(n - j), s);
+            vmax[g] = _mm256_max_ps(vmax[g], s);
+        }
+    float inv[kMaxAttentionGroup];
+    for (int64_t g = 0; g < G; ++g)  // exp(s - mx) in place, 1 / sum
+        inv[g] = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores + g * n, n, hmax(vmax[g]), 1.f));
+    SumState state[kMaxAttentionGroup];
+    const int64_t chunk = G == 1 ? n : kGroupRows;
     for (int64_t d0 = 0; d0 < hd; d0 += 64) {
-        if (hd - d0 >= 64) weighted_sum_blocks<KV, 2>(a.scores, v + kv_bytes(KV, d0), st, n, inv, a.out + d0);
-        else weighted_sum_blocks<KV, 1>(a.scores, v + kv_bytes(KV, d0), st, n, inv, a.out + d0);
+        const int64_t w = hd - d0 < 64 ? hd - d0 : 64;
+        for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+            const int64_t c1 = n - c0 < chunk ? n : c0 + chunk;
+            for (int64_t g = 0; g < G; ++g) {
+                const float* e = a.scores + g * n;
+                float* out = a.out + g * a.q_stride + d0;
+                if constexpr (KV == DType::F32) {
+                    kWeightedSum[(w + 7) / 8 - 1][w % 8 != 0](e, static_cast<const float*>(a.v) + d0, a.v_stride, c0, c1,
+                                                              hd % 8, c0 == 0, c1 == n, inv[g], &state[g], out);
+                } else {
+                    const uint8_t* v = static_cast<const uint8_t*>(a.v) + kv_bytes(KV, d0);
+                    const size_t st = kv_bytes(KV, a.v_stride);
+                    if (w == 64)
+                        weighted_sum_blocks<KV, 2>(e, v, st, c0, c1, c0 == 0, c1 == n, inv[g], &state[g], out);
+                    else
+                        weighted_sum_blocks<KV, 1>(e, v, st, c0, c1, c0 == 0, c1 == n, inv[g], &state[g], out);
+                }
+            }
+        }
     }
 }
 
@@ -262,36 +345,18 @@ EV_AVX2 void attention_blocks(const AttentionArgs& a) {
 // Scores 8 keys at a time (scores8), exp(s - max) and its sum by the shared vector exp
 // (exp_sub_scaled_sum), then the weighted sum of values j-outer in blocks of up to 64 output floats
 // held in registers (one pass over V for head_dim <= 64, ceil(head_dim / 64) passes otherwise).
-// The 1 / sum normalization is applied once per output element, at the end.
+// The 1 / sum normalization is applied once per output element, at the end. The query heads of a
+// group share every key and value row read (attend).
 EV_AVX2 void attention_avx2(const AttentionArgs& args) {
     const AttentionArgs a = args;  // a local copy: stores to scores cannot alias its fields
-    const int64_t n = a.n_kv, hd = a.head_dim;
-    if (n <= 0) {  // no keys: zeros, as the reference writes
-        for (int64_t d = 0; d < hd; ++d) a.out[d] = 0.f;
+    if (a.n_kv <= 0) {  // no keys: zeros, as the reference writes
+        for (int64_t g = 0; g < a.n_q; ++g)
+            for (int64_t d = 0; d < a.head_dim; ++d) a.out[g * a.q_stride + d] = 0.f;
         return;
     }
-    if (a.kv_type == DType::F16) return attention_blocks<DType::F16>(a);
-    if (a.kv_type == DType::Q8_0) return attention_blocks<DType::Q8_0>(a);
-    const __m256i dmask = tail_mask(hd % 8);
-    __m256 vmax = _mm256_set1_ps(-3.4e38f);
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const __m256 s = scores8(a, j, dmask);
-        _mm256_storeu_ps(a.scores + j, s);
-        vmax = _mm256_max_ps(vmax, s);
-    }
-    if (j < n) {  // lanes past n_kv repeat the last key's score: harmless for the maximum
-        const __m256 s = scores8(a, j, dmask);
-        _mm256_maskstore_ps(a.scores + j, tail_mask(n - j), s);
-        vmax = _mm256_max_ps(vmax, s);
-    }
-    const float mx = hmax(vmax);
-    const float inv = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores, n, mx, 1.f));  // exp(s - mx)
-    for (int64_t d0 = 0; d0 < hd; d0 += 64) {
-        const int64_t w = hd - d0 < 64 ? hd - d0 : 64;
-        kWeightedSum[(w + 7) / 8 - 1][w % 8 != 0](a.scores, static_cast<const float*>(a.v) + d0, a.v_stride, n, inv, hd % 8,
-                                                  a.out + d0);
-    }
+    if (a.kv_type == DType::F16) return attend<DType::F16>(a);
+    if (a.kv_type == DType::Q8_0) return attend<DType::Q8_0>(a);
+    attend<DType::F32>(a);
 }
 
 }  // namespace evk

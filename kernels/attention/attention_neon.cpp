@@ -1,4 +1,4 @@
-// NEON attention of one query row against the cached keys and values of one kv head
+// NEON attention of the query rows of one kv head's group against its cached keys and values
 // (AttentionArgs, kernels/ops.h), on a float, half or int8 (Q8_0) cache; baseline armv8-a.
 //
 // Why: an Arm robot ran `attention ref`, a scalar dot and axpy per key with a row converted on the
@@ -132,37 +132,67 @@ inline float exp_scores(float* s, int64_t n, float mx) {
     return sum;
 }
 
+// Rows of V per chunk when a group shares them (64 rows of a 64-float head: 16 KiB, still in L1
+// when the next head of the group reads them).
+constexpr int64_t kGroupRows = 64;
+
+// Each query head of the group in the reference's steps; a key row is read once for all heads (the
+// heads inner), value rows in chunks of kGroupRows, each chunk once for all heads. A head's
+// additions are the same, in the same order, as when it is alone.
 template <DType KV>
 void attend(const AttentionArgs& a) {
+    const int64_t n = a.n_kv, G = a.n_q, hd = a.head_dim;
     const uint8_t* k = static_cast<const uint8_t*>(a.k);
     const uint8_t* v = static_cast<const uint8_t*>(a.v);
     const size_t ks = kv_bytes(KV, a.k_stride), vs = kv_bytes(KV, a.v_stride);
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < a.n_kv; ++j) {
+    float mx[kMaxAttentionGroup];
+    for (int64_t g = 0; g < G; ++g) mx[g] = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
         const uint8_t* row = k + static_cast<size_t>(j) * ks;
-        const float s = a.scale * (KV == DType::F32 ? dot_f32(a.q, reinterpret_cast<const float*>(row), a.head_dim)
-                                                    : dot_blocks<KV>(a.q, row, a.head_dim));
-        a.scores[j] = s;
-        mx = s > mx ? s : mx;
+        for (int64_t g = 0; g < G; ++g) {
+            const float* q = a.q + g * a.q_stride;
+            const float s = a.scale * (KV == DType::F32 ? dot_f32(q, reinterpret_cast<const float*>(row), hd)
+                                                        : dot_blocks<KV>(q, row, hd));
+            a.scores[g * n + j] = s;
+            mx[g] = s > mx[g] ? s : mx[g];
+        }
     }
-    const float inv = 1.f / exp_scores(a.scores, a.n_kv, mx);
-    for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] = 0.f;
-    for (int64_t j = 0; j < a.n_kv; ++j) {
-        const uint8_t* row = v + static_cast<size_t>(j) * vs;
-        if constexpr (KV == DType::F32)
-            axpy_f32(a.scores[j], reinterpret_cast<const float*>(row), a.out, a.head_dim);
-        else
-            axpy_blocks<KV>(a.scores[j], row, a.out, a.head_dim);
+    float inv[kMaxAttentionGroup];
+    for (int64_t g = 0; g < G; ++g) {
+        inv[g] = 1.f / exp_scores(a.scores + g * n, n, mx[g]);
+        for (int64_t d = 0; d < hd; ++d) a.out[g * a.q_stride + d] = 0.f;
     }
-    const float32x4_t iv = vdupq_n_f32(inv);
-    int64_t d = 0;
-    for (; d + 4 <= a.head_dim; d += 4) vst1q_f32(a.out + d, vmulq_f32(vld1q_f32(a.out + d), iv));
-    for (; d < a.head_dim; ++d) a.out[d] *= inv;
+    for (int64_t c0 = 0; c0 < n; c0 += kGroupRows) {
+        const int64_t c1 = n - c0 < kGroupRows ? n : c0 + kGroupRows;
+        for (int64_t g = 0; g < G; ++g) {
+            const float* e = a.scores + g * n;
+            float* out = a.out + g * a.q_stride;
+            for (int64_t j = c0; j < c1; ++j) {
+                const uint8_t* row = v + static_cast<size_t>(j) * vs;
+                if constexpr (KV == DType::F32)
+                    axpy_f32(e[j], reinterpret_cast<const float*>(row), out, hd);
+                else
+                    axpy_blocks<KV>(e[j], row, out, hd);
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+        float* out = a.out + g * a.q_stride;
+        const float32x4_t iv = vdupq_n_f32(inv[g]);
+        int64_t d = 0;
+        for (; d + 4 <= hd; d += 4) vst1q_f32(out + d, vmulq_f32(vld1q_f32(out + d), iv));
+        for (; d < hd; ++d) out[d] *= inv[g];
+    }
 }
 
 }  // namespace
 
 void attention_neon(const AttentionArgs& a) {
+    if (a.n_kv <= 0) {  // no keys: zeros, as the reference writes
+        for (int64_t g = 0; g < a.n_q; ++g)
+            for (int64_t d = 0; d < a.head_dim; ++d) a.out[g * a.q_stride + d] = 0.f;
+        return;
+    }
     switch (a.kv_type) {
     case DType::F16: attend<DType::F16>(a); break;
     case DType::Q8_0: attend<DType::Q8_0>(a); break;

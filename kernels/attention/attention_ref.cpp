@@ -1,4 +1,4 @@
-// Reference attention for one query row: scores, a max-subtracted softmax, weighted sum of values.
+// Reference attention, one query row at a time: scores, a max-subtracted softmax, weighted sum of values.
 // Keys and values of a half or int8 cache (F16, Q8_0) are converted a row at a time by the formats'
 // reference conversion (to_float), into a row on the stack.
 #include <cmath>
@@ -18,9 +18,7 @@ const float* kv_row(const void* base, DType type, int64_t stride, int64_t j, int
     return buf;
 }
 
-}  // namespace
-
-void attention_ref(const AttentionArgs& a) {
+void attend_one(const AttentionArgs& a) {
     float buf[kMaxAttentionHeadDim];
     float mx = -INFINITY;
     for (int64_t j = 0; j < a.n_kv; ++j) {
@@ -39,6 +37,19 @@ void attention_ref(const AttentionArgs& a) {
         const float p = a.scores[j] * inv;
         const float* v = kv_row(a.v, a.kv_type, a.v_stride, j, a.head_dim, buf);
         for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] += p * v[d];
+    }
+}
+
+}  // namespace
+
+// The query heads of a group one after the other, each reading every key and value row.
+void attention_ref(const AttentionArgs& args) {
+    for (int64_t g = 0; g < args.n_q; ++g) {
+        AttentionArgs a = args;
+        a.q = args.q + g * args.q_stride;
+        a.out = args.out + g * args.q_stride;
+        a.scores = args.scores + g * args.n_kv;
+        attend_one(a);
     }
 }
 

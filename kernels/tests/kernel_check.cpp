@@ -535,6 +535,37 @@ int main() {
                     check(err <= 1e-5f * (1.f + mag), "attention/" + v.name + " kv " + type_traits(kt)->name +
                                                           " n_kv=" + std::to_string(n_kv) + " d=" + std::to_string(d));
                 }
+        // A group of query heads sharing the kv head (n_q > 1, outputs q_stride apart): each head's
+        // output bitwise the one of a call with that head alone, for every cache type, group size
+        // and a row count that leaves a partial chunk of rows (the variants read V in chunks).
+        for (DType kt : {DType::F32, DType::F16, DType::Q8_0})
+            for (int64_t g : {int64_t{2}, int64_t{3}, int64_t{4}, int64_t{7}, kMaxAttentionGroup})
+                for (int64_t n_kv : {1, 9, 64, 65, 200})
+                    for (int64_t d : {32, 64, 96, 256}) {
+                        const int64_t st = 2 * d, qs = d + 32;  // query heads further apart than head_dim
+                        std::vector<float> q(g * qs), kf(n_kv * st), vf(n_kv * st), og(g * qs, 7.f), o1(d), sc(g * n_kv);
+                        for (float& e : q) e = nd(rng);
+                        for (float& e : kf) e = nd(rng);
+                        for (float& e : vf) e = nd(rng);
+                        std::vector<uint8_t> kc(kv_bytes(kt, n_kv * st)), vc(kc.size());
+                        type_traits(kt)->from_float(kf.data(), kc.data(), n_kv * st);
+                        type_traits(kt)->from_float(vf.data(), vc.data(), n_kv * st);
+                        const size_t head = kv_bytes(kt, d);  // the second head of each row
+                        AttentionArgs a{q.data(), kc.data() + head, vc.data() + head, st, st, n_kv, d, 0.125f, og.data(),
+                                        sc.data(), kt, g, qs};
+                        fn(a);
+                        bool same = true, gaps = true;
+                        for (int64_t h = 0; h < g; ++h) {
+                            AttentionArgs one = a;
+                            one.q = q.data() + h * qs, one.out = o1.data(), one.n_q = 1, one.q_stride = 0;
+                            fn(one);
+                            same = same && std::memcmp(o1.data(), og.data() + h * qs, d * sizeof(float)) == 0;
+                            for (int64_t i = d; i < qs; ++i) gaps = gaps && og[h * qs + i] == 7.f;
+                        }
+                        check(same && gaps, "attention/" + v.name + " kv " + type_traits(kt)->name + " group of " +
+                                                std::to_string(g) + " n_kv=" + std::to_string(n_kv) + " d=" + std::to_string(d) +
+                                                (same ? ": wrote between heads" : ": a head differs from its call alone"));
+                    }
     }
     // Exp-based element-wise variants against the reference, on awkward sizes (SIMD tails) and
     // large magnitudes. Tolerance: relative 2e-6 of the reference, plus 1e-35 for results the

@@ -128,7 +128,7 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
     alloc(s_.hb, b * cfg_.n_ff);
     alloc(s_.hb2, b * cfg_.n_ff);
     alloc(s_.rope_cs, b * cfg_.rope_dims);
-    alloc(s_.scores, static_cast<int64_t>(compute_.threads()) * n_ctx_);
+    alloc(s_.scores, static_cast<int64_t>(compute_.threads()) * std::min(cfg_.n_head / cfg_.n_head_kv, evk::kMaxAttentionGroup) * n_ctx_);
     alloc(next_logits_, cfg_.n_vocab);
     alloc(spec_logits_, (1 + kMaxDraft) * cfg_.n_vocab);
     int64_t kv_bytes = 0, rec_floats = 0;
@@ -160,6 +160,8 @@ LayerCache Decoder::cache_of(int64_t layer) {
     if (c.kv_dim) {
         c.k = kv_.data() + kv_at_[l];
         c.v = c.k + evk::kv_bytes(kv_type_, n_ctx_ * c.kv_dim);
+        c.head_dim = cfg_.head_dim;
+        c.n_ctx = n_ctx_;
     }
     c.recurrent_size = shapes_[l].recurrent;
     if (c.recurrent_size) c.recurrent = rec_.data() + rec_at_[l];
@@ -220,41 +222,60 @@ void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
 }
 
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
-    const int64_t kvd = cache.kv_dim;
-    const size_t row = evk::kv_bytes(cache.kv_type, kvd);
-    // F32: a copy; F16: round to nearest even; Q8_0: the reference quantizer.
+    const int64_t kvd = cache.kv_dim, hd = cache.head_dim;
+    // F32: a copy; F16: round to nearest even; Q8_0: the reference quantizer (blocks of 32 within a
+    // head: the same blocks as over the whole row).
     const evk::FromFloatFn convert = evk::type_traits(cache.kv_type)->from_float;
-    for (int64_t t = 0; t < ch.n; ++t) {
-        convert(&c.s.k[t * kvd], cache.k + static_cast<size_t>(ch.pos0 + t) * row, kvd);
-        convert(&c.s.v[t * kvd], cache.v + static_cast<size_t>(ch.pos0 + t) * row, kvd);
-    }
+    for (int64_t t = 0; t < ch.n; ++t)
+        for (int64_t h = 0; h < kvd / hd; ++h) {
+            const size_t at = evk::kv_bytes(cache.kv_type, (h * cache.n_ctx + ch.pos0 + t) * hd);
+            convert(&c.s.k[t * kvd + h * hd], cache.k + at, hd);
+            convert(&c.s.v[t * kvd + h * hd], cache.v + at, hd);
+        }
 }
 
-// Grouped-query attention for the chunk's queries; work items are (token, head) pairs.
+// How many parts the query heads of a kv head's group are split into for causal_attention: as few
+// as possible (each part reads the kv head's keys and values once), but enough that there are as
+// many work items as threads and no part exceeds kMaxAttentionGroup heads.
+static int64_t attention_parts(int64_t group, int64_t n_tokens, int64_t n_kv_heads, int64_t threads) {
+    const int64_t items = n_tokens * n_kv_heads;
+    int64_t parts = std::max<int64_t>((group + evk::kMaxAttentionGroup - 1) / evk::kMaxAttentionGroup,
+                                      (threads + items - 1) / items);
+    return std::min(parts, group);
+}
+
+// Grouped-query attention for the chunk's queries; work items are (token, kv head, part of its
+// group): one attention call per item, its query heads sharing each key and value row read
+// (AttentionArgs::n_q). A head's result does not depend on the grouping.
 void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window, float scale) {
     const DecoderConfig& cfg = c.cfg;
     const evk::AttentionFn fn = c.compute.ops().attention;
-    const int64_t hd = cfg.head_dim, qd = cfg.q_dim(), kvd = cache.kv_dim;
-    const int64_t group = cfg.n_head / cfg.n_head_kv;
+    const int64_t hd = cfg.head_dim, qd = cfg.q_dim();
+    const int64_t n_kvh = cfg.n_head_kv, group = cfg.n_head / n_kvh;
+    const int64_t parts = attention_parts(group, ch.n, n_kvh, c.compute.threads());
+    const int64_t per_token = n_kvh * parts;
     if (scale == 0.f) scale = 1.f / std::sqrt(static_cast<float>(hd));
     auto body = [&](int64_t item, int t) {
-        const int64_t tok = item / cfg.n_head, h = item % cfg.n_head, kvh = h / group;
+        const int64_t tok = item / per_token, kvh = item % per_token / parts, part = item % parts;
+        const int64_t h0 = kvh * group + part * group / parts, h1 = kvh * group + (part + 1) * group / parts;
         const int64_t end = ch.pos0 + tok + 1, begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
         evk::AttentionArgs a{};
-        a.q = &c.s.q[tok * qd + h * hd];
-        const size_t at = evk::kv_bytes(cache.kv_type, begin * kvd + kvh * hd);
+        a.q = &c.s.q[tok * qd + h0 * hd];
+        const size_t at = evk::kv_bytes(cache.kv_type, (kvh * cache.n_ctx + begin) * hd);
         a.k = cache.k + at;
         a.v = cache.v + at;
-        a.k_stride = a.v_stride = kvd;
+        a.k_stride = a.v_stride = hd;
         a.kv_type = cache.kv_type;
         a.n_kv = end - begin;
         a.head_dim = hd;
         a.scale = scale;
-        a.out = &c.s.att[tok * qd + h * hd];
-        a.scores = c.s.scores.data() + static_cast<int64_t>(t) * c.n_ctx;
+        a.out = &c.s.att[tok * qd + h0 * hd];
+        a.n_q = h1 - h0;
+        a.q_stride = hd;
+        a.scores = c.s.scores.data() + static_cast<int64_t>(t) * std::min(group, evk::kMaxAttentionGroup) * c.n_ctx;
         fn(a);
     };
-    c.compute.pool().run(ch.n * cfg.n_head, body);
+    c.compute.pool().run(ch.n * per_token, body);
 }
 
 namespace {
@@ -517,14 +538,22 @@ KVSnapshot Decoder::snapshot() const {
     s.k.resize(per_layer * static_cast<size_t>(s.n_layer));
     s.v.resize(s.k.size());
     s.recurrent = rec_;
+    // The cache is head-major (LayerCache); a snapshot is position-major, [pos][kv_dim] per layer.
     const evk::ToFloatFn convert = evk::type_traits(kv_type_)->to_float;
+    const int64_t hd = cfg_.head_dim, n_kvh = s.kv_dim / (hd ? hd : 1);
+    std::vector<float> head(static_cast<size_t>(n_past_ * hd));
     size_t i = 0;
     for (size_t l = 0; l < shapes_.size(); ++l) {
         if (!shapes_[l].kv_dim) continue;
         const uint8_t* k = kv_.data() + kv_at_[l];
         const uint8_t* v = k + evk::kv_bytes(kv_type_, n_ctx_ * s.kv_dim);
-        convert(k, s.k.data() + i * per_layer, static_cast<int64_t>(per_layer));
-        convert(v, s.v.data() + i * per_layer, static_cast<int64_t>(per_layer));
+        for (int64_t h = 0; h < n_kvh && n_past_ > 0; ++h)
+            for (int side = 0; side < 2; ++side) {
+                convert((side ? v : k) + evk::kv_bytes(kv_type_, h * n_ctx_ * hd), head.data(), n_past_ * hd);
+                float* dst = (side ? s.v : s.k).data() + i * per_layer + h * hd;
+                for (int64_t p = 0; p < n_past_; ++p)
+                    std::copy_n(head.data() + p * hd, hd, dst + p * s.kv_dim);
+            }
         ++i;
     }
     return s;
@@ -550,13 +579,18 @@ void Decoder::restore(const KVSnapshot& s) {
         s.recurrent.size() != rec_.size())
         throw std::invalid_argument("KV snapshot does not fit this model (layers, width or context differ)");
     const evk::FromFloatFn convert = evk::type_traits(kv_type_)->from_float;
+    const int64_t hd = cfg_.head_dim, n_kvh = s.kv_dim / (hd ? hd : 1);
+    std::vector<float> head(static_cast<size_t>(s.n_past * hd));
     size_t i = 0;
     for (size_t l = 0; l < shapes_.size(); ++l) {
         if (!shapes_[l].kv_dim) continue;
-        uint8_t* k = kv_.data() + kv_at_[l];
-        uint8_t* v = k + evk::kv_bytes(kv_type_, n_ctx_ * s.kv_dim);
-        convert(s.k.data() + i * per_layer, k, static_cast<int64_t>(per_layer));
-        convert(s.v.data() + i * per_layer, v, static_cast<int64_t>(per_layer));
+        const LayerCache c = cache_of(static_cast<int64_t>(l));
+        for (int64_t h = 0; h < n_kvh && s.n_past > 0; ++h)
+            for (int side = 0; side < 2; ++side) {
+                const float* src = (side ? s.v : s.k).data() + i * per_layer + h * hd;
+                for (int64_t p = 0; p < s.n_past; ++p) std::copy_n(src + p * s.kv_dim, hd, head.data() + p * hd);
+                convert(head.data(), (side ? c.v : c.k) + evk::kv_bytes(kv_type_, h * n_ctx_ * hd), s.n_past * hd);
+            }
         ++i;
     }
     std::copy(s.recurrent.begin(), s.recurrent.end(), rec_.begin());

@@ -99,12 +99,15 @@ struct LayerShape {
     int64_t kv_dim = 0, recurrent = 0;
 };
 
-// One layer's part of the sequence state, as its block sees it: position p's key at
-// k + evk::kv_bytes(kv_type, p * kv_dim) (append_kv and causal_attention read and write it).
+// One layer's part of the sequence state, as its block sees it: kv head h's key of position p at
+// k + evk::kv_bytes(kv_type, (h * n_ctx + p) * head_dim) (append_kv and causal_attention read and
+// write it). Head-major: one kv head's keys (values) of consecutive positions are contiguous, so
+// attention streams them instead of reading a head's slice out of every position's row.
 struct LayerCache {
     uint8_t* k = nullptr;
     uint8_t* v = nullptr;
-    int64_t kv_dim = 0;
+    int64_t kv_dim = 0;  // kv heads x head_dim
+    int64_t head_dim = 0, n_ctx = 0;
     evk::DType kv_type = evk::DType::F32;
     float* recurrent = nullptr;
     int64_t recurrent_size = 0;
