@@ -128,6 +128,8 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
     alloc(s_.hb, b * cfg_.n_ff);
     alloc(s_.hb2, b * cfg_.n_ff);
     alloc(s_.rope_cs, b * cfg_.rope_dims);
+    // Per thread: the scores of the query heads of one causal_attention call (at most a group, at
+    // most kMaxAttentionGroup) over the context.
     alloc(s_.scores, static_cast<int64_t>(compute_.threads()) * std::min(cfg_.n_head / cfg_.n_head_kv, evk::kMaxAttentionGroup) * n_ctx_);
     alloc(next_logits_, cfg_.n_vocab);
     alloc(spec_logits_, (1 + kMaxDraft) * cfg_.n_vocab);
@@ -228,9 +230,8 @@ void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
     const evk::FromFloatFn convert = evk::type_traits(cache.kv_type)->from_float;
     for (int64_t t = 0; t < ch.n; ++t)
         for (int64_t h = 0; h < kvd / hd; ++h) {
-            const size_t at = evk::kv_bytes(cache.kv_type, (h * cache.n_ctx + ch.pos0 + t) * hd);
-            convert(&c.s.k[t * kvd + h * hd], cache.k + at, hd);
-            convert(&c.s.v[t * kvd + h * hd], cache.v + at, hd);
+            convert(&c.s.k[t * kvd + h * hd], cache.k + cache.at(h, ch.pos0 + t), hd);
+            convert(&c.s.v[t * kvd + h * hd], cache.v + cache.at(h, ch.pos0 + t), hd);
         }
 }
 
@@ -254,6 +255,7 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
     const int64_t n_kvh = cfg.n_head_kv, group = cfg.n_head / n_kvh;
     const int64_t parts = attention_parts(group, ch.n, n_kvh, c.compute.threads());
     const int64_t per_token = n_kvh * parts;
+    const int64_t scores_per_thread = static_cast<int64_t>(c.s.scores.size()) / c.compute.threads();
     if (scale == 0.f) scale = 1.f / std::sqrt(static_cast<float>(hd));
     auto body = [&](int64_t item, int t) {
         const int64_t tok = item / per_token, kvh = item % per_token / parts, part = item % parts;
@@ -261,9 +263,8 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
         const int64_t end = ch.pos0 + tok + 1, begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
         evk::AttentionArgs a{};
         a.q = &c.s.q[tok * qd + h0 * hd];
-        const size_t at = evk::kv_bytes(cache.kv_type, (kvh * cache.n_ctx + begin) * hd);
-        a.k = cache.k + at;
-        a.v = cache.v + at;
+        a.k = cache.k + cache.at(kvh, begin);
+        a.v = cache.v + cache.at(kvh, begin);
         a.k_stride = a.v_stride = hd;
         a.kv_type = cache.kv_type;
         a.n_kv = end - begin;
@@ -272,7 +273,7 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
         a.out = &c.s.att[tok * qd + h0 * hd];
         a.n_q = h1 - h0;
         a.q_stride = hd;
-        a.scores = c.s.scores.data() + static_cast<int64_t>(t) * std::min(group, evk::kMaxAttentionGroup) * c.n_ctx;
+        a.scores = c.s.scores.data() + static_cast<int64_t>(t) * scores_per_thread;
         fn(a);
     };
     c.compute.pool().run(ch.n * per_token, body);
@@ -549,7 +550,7 @@ KVSnapshot Decoder::snapshot() const {
         const uint8_t* v = k + evk::kv_bytes(kv_type_, n_ctx_ * s.kv_dim);
         for (int64_t h = 0; h < n_kvh && n_past_ > 0; ++h)
             for (int side = 0; side < 2; ++side) {
-                convert((side ? v : k) + evk::kv_bytes(kv_type_, h * n_ctx_ * hd), head.data(), n_past_ * hd);
+                convert((side ? v : k) + kv_head_offset(kv_type_, n_ctx_, hd, h, 0), head.data(), n_past_ * hd);
                 float* dst = (side ? s.v : s.k).data() + i * per_layer + h * hd;
                 for (int64_t p = 0; p < n_past_; ++p)
                     std::copy_n(head.data() + p * hd, hd, dst + p * s.kv_dim);
@@ -589,7 +590,7 @@ void Decoder::restore(const KVSnapshot& s) {
             for (int side = 0; side < 2; ++side) {
                 const float* src = (side ? s.v : s.k).data() + i * per_layer + h * hd;
                 for (int64_t p = 0; p < s.n_past; ++p) std::copy_n(src + p * s.kv_dim, hd, head.data() + p * hd);
-                convert(head.data(), (side ? c.v : c.k) + evk::kv_bytes(kv_type_, h * n_ctx_ * hd), s.n_past * hd);
+                convert(head.data(), (side ? c.v : c.k) + c.at(h, 0), s.n_past * hd);
             }
         ++i;
     }

@@ -99,6 +99,12 @@ struct LayerShape {
     int64_t kv_dim = 0, recurrent = 0;
 };
 
+// The head-major KV layout (LayerCache): byte offset of kv head h's position p in a layer's K (or
+// V) cache of n_ctx positions.
+inline size_t kv_head_offset(evk::DType t, int64_t n_ctx, int64_t head_dim, int64_t h, int64_t p) {
+    return evk::kv_bytes(t, (h * n_ctx + p) * head_dim);
+}
+
 // One layer's part of the sequence state, as its block sees it: kv head h's key of position p at
 // k + evk::kv_bytes(kv_type, (h * n_ctx + p) * head_dim) (append_kv and causal_attention read and
 // write it). Head-major: one kv head's keys (values) of consecutive positions are contiguous, so
@@ -108,6 +114,8 @@ struct LayerCache {
     uint8_t* v = nullptr;
     int64_t kv_dim = 0;  // kv heads x head_dim
     int64_t head_dim = 0, n_ctx = 0;
+    // Byte offset of kv head h's position p in k (and in v).
+    size_t at(int64_t h, int64_t p) const { return kv_head_offset(kv_type, n_ctx, head_dim, h, p); }
     evk::DType kv_type = evk::DType::F32;
     float* recurrent = nullptr;
     int64_t recurrent_size = 0;
@@ -123,7 +131,7 @@ struct RunState {
     std::vector<float> att;      // [t][q_dim] attention output, head after head
     std::vector<float> hb, hb2;  // [t][n_ff] feed-forward hidden
     std::vector<float> rope_cs;  // [t][rope_dims] cos, sin of each pair at the token's position (rope_base)
-    std::vector<float> scores;   // [thread][n_ctx] attention scores
+    std::vector<float> scores;   // [thread][query heads of a call][n_ctx] attention scores
 };
 
 // The chunk a layer runs: n tokens at positions pos0 .. pos0 + n - 1. The phase (decode or prefill
