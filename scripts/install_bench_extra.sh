@@ -59,7 +59,21 @@ if [ ! -x "$VPY" ]; then
     exit 1
 fi
 
-GGML_CPU_ONLY="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF"
+GPU_OFF="-DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF"
+# This CPU's extensions, but never AMX: llama.cpp 0.3.36's AMX matmul segfaults on our test files
+# (ggml_backend_amx_mul_mat, llama.cpp issue 20824, closed unfixed; seen here on a Xeon guest with
+# amx_int8). Where the CPU has AMX, -march=native would compile it in, so the extensions are named
+# one by one from /proc/cpuinfo instead.
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+    cpu_flag() { grep -m1 '^flags' /proc/cpuinfo | grep -qw "$1" && echo ON || echo OFF; }
+    GGML_CPU_ONLY="-DGGML_NATIVE=OFF -DGGML_SSE42=$(cpu_flag sse4_2) -DGGML_AVX=$(cpu_flag avx) \
+-DGGML_AVX2=$(cpu_flag avx2) -DGGML_AVX_VNNI=$(cpu_flag avx_vnni) -DGGML_FMA=$(cpu_flag fma) \
+-DGGML_F16C=$(cpu_flag f16c) -DGGML_BMI2=$(cpu_flag bmi2) -DGGML_AVX512=$(cpu_flag avx512f) \
+-DGGML_AVX512_VBMI=$(cpu_flag avx512vbmi) -DGGML_AVX512_VNNI=$(cpu_flag avx512_vnni) \
+-DGGML_AVX512_BF16=$(cpu_flag avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF $GPU_OFF"
+else
+    GGML_CPU_ONLY="-DGGML_NATIVE=ON $GPU_OFF"
+fi
 LLAMA_MIN="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
 
 # llama-mtmd-cli from the llama.cpp sources SRC, built in BUILD with the ggml FLAGS, installed in
@@ -136,13 +150,18 @@ if [ "$robot" = 1 ]; then
     exit 0
 fi
 
+# An earlier install with AMX compiled in (before the rule above) is rebuilt.
+if "$VPY" -c "import llama_cpp, sys; sys.exit('AMX_INT8 = 1' not in llama_cpp.llama_print_system_info().decode())" 2>/dev/null; then
+    echo "[bench-extra] the installed llama-cpp-python has AMX compiled in: rebuilding without it"
+    force=1
+fi
 if [ "$force" = 1 ] || ! "$VPY" -c "import llama_cpp" 2>/dev/null; then
     echo "[bench-extra] building llama-cpp-python from its sdist ($JOBS jobs; ~12-25 min on 2 cores)"
     start=$(date +%s)
     # --no-binary: never a prebuilt wheel (those target a generic CPU, or CUDA).
     reinstall=()
     [ "$force" = 1 ] && reinstall=(--force-reinstall --no-deps)
-    CMAKE_ARGS="$GGML_CPU_ONLY $LLAMA_MIN" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
+    CMAKE_ARGS="$GGML_CPU_ONLY $LLAMA_MIN -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
         "$VPY" -m pip install --no-binary llama-cpp-python --no-cache-dir "${reinstall[@]}" -r requirements-bench.txt
     echo "[bench-extra] llama-cpp-python built in $(( ($(date +%s) - start) / 60 )) min"
 else

@@ -453,7 +453,7 @@ def test_bench_peer_lib_loads_that_build(tmp_path, text_model_path):
 
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
-        pytest.skip("llama-cpp-python is not installed (scripts/install_bench_extra.sh)")
+        pytest.skip("llama-cpp-python is not installed (scripts/setup.sh builds it)")
     lib = tmp_path / "peer-lib"
     shutil.copytree(Path(spec.origin).parent / "lib", lib, symlinks=True)
     out = tmp_path / "bench.json"
@@ -495,7 +495,7 @@ def test_peer_prefix_cache_on_a_recurrent_model(tmp_path):
     """llama.cpp cannot cut a recurrent state back to the prefix (llama_memory_seq_rm refuses), so
     the bench's peer saves the prefix's sequence state once and restores it per request: each
     cached request then gives the logits of the whole prompt run at once."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the bench extra) is not installed")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
     import numpy as np
 
     sys.path.insert(0, str(ROOT / "test"))

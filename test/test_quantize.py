@@ -60,7 +60,7 @@ def _import_llama_cpp() -> Any:
 
 
 llama_cpp = _import_llama_cpp()
-needs_llama_cpp = pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python (the bench extra) is not installed")
+needs_llama_cpp = pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 
 
 # -- the mix rules, pure Python ------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_mix_reproduces_the_real_gemma_file() -> None:
 def llama_cpp_quantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """SmolLM2 Q4_1 requantized by llama.cpp's own quantizer (llama_model_quantize) to each mix."""
     if llama_cpp is None:
-        pytest.skip("llama-cpp-python (the bench extra) is not installed")
+        pytest.skip("llama-cpp-python is not installed (scripts/setup.sh builds it)")
     out = tmp_path_factory.mktemp("llama_cpp_quant")
     paths = {}
     for mix, ftype in FTYPES.items():

@@ -192,7 +192,7 @@ def _import_llama_cpp() -> Any:
 _llama_cpp = _import_llama_cpp()
 
 
-@pytest.mark.skipif(_llama_cpp is None, reason="llama-cpp-python is the optional bench extra (not installed)")
+@pytest.mark.skipif(_llama_cpp is None, reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 def test_encode_matches_llama_cpp(tok: Tokenizer, cases: list[str]) -> None:
     llama = _llama_cpp.Llama(str(GGUF_PATH), vocab_only=True, verbose=False)
 
@@ -788,7 +788,7 @@ def gemma_hf() -> Any:
 @pytest.fixture(scope="module")
 def gemma_llama() -> Any:
     if _llama_cpp is None:
-        pytest.skip("llama-cpp-python is the optional bench extra (not installed)")
+        pytest.skip("llama-cpp-python is not installed (scripts/setup.sh builds it)")
     return _llama_cpp.Llama(str(GEMMA_PATH), vocab_only=True, verbose=False)
 
 
@@ -1051,7 +1051,7 @@ def test_qwen35_equals_qwens_tiktoken_tokenizer(qwen: Tokenizer, qwen_cases: lis
     assert qwen.encode("人力资源") == [108583, 96852]  # 人力 + 资源
 
 
-@pytest.mark.skipif(_llama_cpp is None, reason="llama-cpp-python is the optional bench extra (not installed)")
+@pytest.mark.skipif(_llama_cpp is None, reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 def test_qwen35_encode_matches_llama_cpp_on_nfc_text(qwen: Tokenizer, qwen_gguf: Path, qwen_cases: list[str]) -> None:
     llama = _llama_cpp.Llama(str(qwen_gguf), vocab_only=True, verbose=False)
 
