@@ -58,7 +58,7 @@ fi
 # our tokenizers, quantizer and greedy tokens against it, and it is `edgevlm bench`'s peer.
 # 3-4 minutes on 2 cores of a 2026 Xeon; EDGEVLM_NO_LLAMA_CPP=1 leaves it out (those tests skip).
 if [ "${EDGEVLM_NO_LLAMA_CPP:-0}" != 1 ]; then
-    VPY="$VPY" "$ROOT/scripts/install_bench_extra.sh" | { grep -v "is ignored: it is neither" || true; }
+    VPY="$VPY" "$ROOT/scripts/install_bench_extra.sh" 2>&1 | { grep -v "is ignored: it is neither" || true; }
     test "${PIPESTATUS[0]}" -eq 0
 fi
 

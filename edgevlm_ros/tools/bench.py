@@ -241,7 +241,7 @@ class _Peer:
     decodes, greedy argmax over the logits in numpy."""
 
     def __init__(self, llama_cpp: ModuleType, path: Path, threads: int, n_ctx: int, flash_attn: bool,
-                 extra_bufts: bool) -> None:
+                 extra_bufts: bool, kv_type: str | None = None) -> None:
         self.L = L = llama_cpp
         _silence_llama(L)
         L.llama_backend_init()
@@ -258,6 +258,8 @@ class _Peer:
         cp.n_threads = cp.n_threads_batch = threads
         cp.no_perf = True
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        if kv_type is not None:  # the KV cache's element type (llama.cpp's default: f16)
+            cp.type_k = cp.type_v = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0}[kv_type]
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             L.llama_model_free(self.model)
@@ -1351,7 +1353,7 @@ def run_bench(args: argparse.Namespace) -> int:
         contexts = args.kv_contexts or ((64, 128) if args.quick else (1024, 4096))
         result = run_kv(resolve_model(args.model), contexts, args.threads, n_decode=args.decode_tokens or
                         (8 if args.quick else 64), repeats=args.repeats or (1 if args.quick else 2),
-                        log=lambda s: print(s, file=sys.stderr, flush=True))
+                        log=lambda s: print(s, file=sys.stderr, flush=True), peer=not args.no_peer)
         table = format_kv(result)
     else:
         result = run(config_from_args(args))
