@@ -502,7 +502,8 @@ def test_peer_prefix_cache_on_a_recurrent_model(tmp_path):
     """llama.cpp cannot cut a recurrent state back to the prefix (llama_memory_seq_rm refuses), so
     the bench's peer saves the prefix's sequence state once and restores it per request: each
     cached request then gives the logits of the whole prompt run at once."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
+    llama_cpp = pytest.importorskip("llama_cpp",
+                                    reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
     import numpy as np
 
     sys.path.insert(0, str(ROOT / "test"))

@@ -486,7 +486,8 @@ def test_the_qwen35_seeds_have_llama_cpps_layout(tmp_path: Path) -> None:
     """The tiny qwen35 of the seeds (with a vocabulary added) loads and generates in llama.cpp, so
     the loader is fuzzed from files of the layout llama.cpp's converter writes; the same file with
     attn_q missing its gate half is refused there, so a wrong shape would show."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
+    llama_cpp = pytest.importorskip("llama_cpp",
+                                    reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
     import gguf_builder as gb
     import qwen35_tiny
 

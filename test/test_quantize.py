@@ -60,7 +60,8 @@ def _import_llama_cpp() -> Any:
 
 
 llama_cpp = _import_llama_cpp()
-needs_llama_cpp = pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
+needs_llama_cpp = pytest.mark.skipif(llama_cpp is None,
+                                     reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 
 
 # -- the mix rules, pure Python ------------------------------------------------------------------
