@@ -156,7 +156,7 @@ if "$VPY" -c "import llama_cpp, sys; sys.exit('AMX_INT8 = 1' not in llama_cpp.ll
     force=1
 fi
 if [ "$force" = 1 ] || ! "$VPY" -c "import llama_cpp" 2>/dev/null; then
-    echo "[bench-extra] building llama-cpp-python from its sdist ($JOBS jobs; ~12-25 min on 2 cores)"
+    echo "[bench-extra] building llama-cpp-python from its sdist ($JOBS jobs; ~3 min on 2 cores of a 2026 Xeon, up to ~25 on slower ones)"
     start=$(date +%s)
     # --no-binary: never a prebuilt wheel (those target a generic CPU, or CUDA).
     reinstall=()

@@ -511,7 +511,9 @@ def test_peer_prefix_cache_on_a_recurrent_model(tmp_path):
 
     path = tmp_path / "qwen35.gguf"
     qwen35_tiny.write(path, tied=True, layer_list=False, vocab=True)
-    peer = bench._Peer(llama_cpp, path, 1, 64, False, False)
+    from edgevlm_ros.tools.llama_peer import LlamaPeer
+
+    peer = LlamaPeer(llama_cpp, path, 1, 64, False, False)
     try:
         assert peer.recurrent
         ids = [1, 2, 3, 4, 5, 6, 7, 8, 9]

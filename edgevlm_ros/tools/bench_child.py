@@ -37,8 +37,10 @@ def rss(cfg: dict) -> int:
     else:
         import llama_cpp
 
-        eng = bench._Peer(llama_cpp, Path(cfg["model"]), cfg["threads"], cfg["n_ctx"], cfg["flash_attn"],
-                          cfg["extra_bufts"])
+        from edgevlm_ros.tools.llama_peer import LlamaPeer
+
+        eng = LlamaPeer(llama_cpp, Path(cfg["model"]), cfg["threads"], cfg["n_ctx"], cfg["flash_attn"],
+                        cfg["extra_bufts"])
     eng.prefill(cfg["ids"])
     eng.decode(cfg["ids"][:8], cfg["decode"])
     print(json.dumps({"base_kib": base, "peak_kib": peak_kib(),
@@ -49,9 +51,9 @@ def rss(cfg: dict) -> int:
 def probe(model: str, threads: int) -> int:
     import llama_cpp
 
-    from edgevlm_ros.tools import bench
+    from edgevlm_ros.tools.llama_peer import LlamaPeer
 
-    eng = bench._Peer(llama_cpp, Path(model), threads, 256, False, True)
+    eng = LlamaPeer(llama_cpp, Path(model), threads, 256, False, True)
     eng.prefill(list(range(100, 164)))
     eng.decode([100, 101], 2)
     print("ok")

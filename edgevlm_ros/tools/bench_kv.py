@@ -24,8 +24,8 @@ import numpy as np
 
 from ..engine.kv_types import KV_TYPES
 from ..engine.text_model import TextModel
-from .bench import _Peer, import_peer
 from .hw_limits import highest_bandwidth, machine_info, measure_bandwidth, weight_bytes_per_token
+from .llama_peer import LlamaPeer, import_peer
 
 __all__ = ["format_kv", "run_kv"]
 
@@ -43,7 +43,7 @@ def _decode_ms(model: TextModel, ids: np.ndarray, n_decode: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / n_decode
 
 
-def _peer_decode_ms(peer: _Peer, ids: np.ndarray, n_decode: int) -> float:
+def _peer_decode_ms(peer: LlamaPeer, ids: np.ndarray, n_decode: int) -> float:
     """llama.cpp: the same prefill and greedy one-token steps, ms per step."""
     return peer.decode(ids.tolist(), n_decode)[0] * 1e3 / n_decode
 
@@ -55,7 +55,7 @@ def run_kv(model_path: Path, contexts: Sequence[int] = (1024, 4096), threads: in
     n_ctx = max(contexts) + n_decode + 1
     models = {kv: TextModel(model_path, threads=threads, n_ctx=n_ctx, kv_type=kv) for kv in KV_TYPES}
     llama_cpp, peer_note = import_peer() if peer else (None, "not asked (--no-peer)")
-    peers = {kv: _Peer(llama_cpp, model_path, threads, n_ctx, True, True, kv_type=kv) for kv in KV_TYPES} \
+    peers = {kv: LlamaPeer(llama_cpp, model_path, threads, n_ctx, True, True, kv_type=kv) for kv in KV_TYPES} \
         if llama_cpp is not None else {}
     n_vocab = int(models["f32"].config["n_vocab"])
     rng = np.random.default_rng(seed)
