@@ -60,6 +60,7 @@ void matmul_avx512_gemm(const MatmulArgs&);
 void matmul_amx_gemm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
 void attention_avx2(const AttentionArgs&);
+void attention_avx512(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
 void gelu_tanh_avx2(float*, int64_t);
 void silu_mul_avx2(float*, const float*, int64_t);
@@ -273,6 +274,7 @@ const std::vector<Variant>& registry() {
         {EVK_V(matmul, avxvnni_q8act_k), {EVK_KQUANT_FORMATS}, "avx2,fma,f16c,avxvnni"},
         {EVK_V(matmul, avx512vnni_q8act_k), {EVK_KQUANT_FORMATS}, "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c"},
         {EVK_V(attention, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(attention, avx512), {}, "avx512f,fma,f16c"},
         {EVK_V(softmax, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(gelu_tanh, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(silu_mul, avx2), {}, "avx2,fma,f16c"},

@@ -12,22 +12,11 @@
 #define EV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 #include "../elementwise/exp_avx2.h"
+#include "attention_x86.h"
 
 namespace evk {
 
 namespace {
-
-// The scores of 8 keys in one vector: ai holds key i's 8 partial sums; lane i of the result is
-// their total. Every lane goes through the same additions (pairs, then pairs of pairs, then the two
-// halves), so a key's score does not depend on its place in the group.
-EV_AVX2 inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
-                              __m256 a7) {
-    const __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
-    const __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1);  // keys 0..3: sums of lanes 0..3 | of lanes 4..7
-    const __m256 u1 = _mm256_hadd_ps(t2, t3);  // keys 4..7, likewise
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
 
 // scale * q.k for the keys [j, j + 8): one accumulator per key (8 independent FMA chains, q loaded
 // once per 8 keys), the tail of head_dim % 8 by masked loads (nothing read past a row). Keys past
@@ -172,8 +161,6 @@ constexpr WeightedSumFn kWeightedSum[8][2] = {
 
 // -- Half and int8 caches (F16, Q8_0): rows of blocks of 32 elements, head_dim a multiple of 32 --
 
-constexpr size_t kv_block_bytes(DType t) { return kv_bytes(t, kQK); }  // F16 64, Q8_0 34
-
 // Elements 8c .. 8c + 7 of a block as floats (Q8_0: its int8 values, without the block's scale).
 template <DType KV>
 EV_AVX2 inline __m256 load_block8(const uint8_t* blk, int c) {
@@ -181,18 +168,6 @@ EV_AVX2 inline __m256 load_block8(const uint8_t* blk, int c) {
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * c)));
     else
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * c))));
-}
-
-// A block's scale (Q8_0: its fp16 d; F16: 1).
-template <DType KV>
-EV_AVX2 inline float block_scale(const uint8_t* blk) {
-    if constexpr (KV == DType::Q8_0) {
-        uint16_t h;
-        std::memcpy(&h, blk, sizeof h);
-        return _cvtsh_ss(h);
-    } else {
-        return 1.f;
-    }
 }
 
 // scale * q.k for the keys [j, j + 8) of a half / int8 cache; keys past n_kv repeat the last one.

@@ -515,7 +515,7 @@ int main() {
         // exactly sized buffers so that a read past the last row's blocks is caught by ASan.
         for (DType kt : {DType::F16, DType::Q8_0})
             for (int64_t n_kv : {1, 7, 9, 33, 300})
-                for (int64_t d : {32, 64, 96, 256}) {
+                for (int64_t d : {32, 64, 96, 160, 256}) {
                     const int64_t st = 3 * d;
                     std::vector<float> q(d), kf(n_kv * st), vf(n_kv * st), o1(d), o2(d), sc(n_kv);
                     for (float& e : q) e = nd(rng);
@@ -541,7 +541,7 @@ int main() {
         for (DType kt : {DType::F32, DType::F16, DType::Q8_0})
             for (int64_t g : {int64_t{2}, int64_t{3}, int64_t{4}, int64_t{7}, kMaxAttentionGroup})
                 for (int64_t n_kv : {1, 9, 64, 65, 200})
-                    for (int64_t d : {32, 64, 96, 256}) {
+                    for (int64_t d : {32, 64, 96, 160, 256}) {
                         const int64_t st = 2 * d, qs = d + 32;  // query heads further apart than head_dim
                         std::vector<float> q(g * qs), kf(n_kv * st), vf(n_kv * st), og(g * qs, 7.f), o1(d), sc(g * n_kv);
                         for (float& e : q) e = nd(rng);
