@@ -160,115 +160,51 @@ constexpr WeightedSumFn kWeightedSum[8][2] = {
 };
 
 // -- Half and int8 caches (F16, Q8_0): rows of blocks of 32 elements, head_dim a multiple of 32 --
+// Converted once into float buffers in L1 for all the heads of a group (8 key rows; a chunk of
+// value rows' 64-float slice), which the float kernels above then read: a block costs one
+// conversion however many heads share it (the AVX-512 kernel holds the heads' accumulators in its
+// 32 registers instead; 16 ymm registers do not hold them).
 
-// Elements 8c .. 8c + 7 of a block as floats (Q8_0: its int8 values, without the block's scale).
+// Elements 8c .. 8c + 7 of a block as floats, times the block's scale d (Q8_0: d times its int8
+// values, the product the format's to_float rounds; F16: the halves converted).
 template <DType KV>
-EV_AVX2 inline __m256 load_block8(const uint8_t* blk, int c) {
+EV_AVX2 inline __m256 load_block8(const uint8_t* blk, int c, __m256 d) {
     if constexpr (KV == DType::F16)
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * c)));
     else
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * c))));
+        return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * c)))));
 }
 
-// scale * q.k for the keys [j, j + 8) of a half / int8 cache; keys past n_kv repeat the last one.
-// Q8_0: q times the key block's scale, then one FMA per 8 int8 values converted to float.
+// dst[0, 32 nb) = the nb blocks at src as floats.
 template <DType KV>
-EV_AVX2 inline __m256 scores8_blocks(const AttentionArgs& a, const float* qp, int64_t j) {
-    const int64_t last = a.n_kv - 1;
-    const size_t st = kv_bytes(KV, a.k_stride);
-    const uint8_t* k = static_cast<const uint8_t*>(a.k);
-    const uint8_t* r[8];
-    for (int i = 0; i < 8; ++i) r[i] = k + static_cast<size_t>(j + i < last ? j + i : last) * st;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
-    for (int64_t b = 0; b < a.head_dim / kQK; ++b) {
-        const size_t off = static_cast<size_t>(b) * kv_block_bytes(KV);
-        alignas(32) float dk[8];
-        for (int i = 0; i < 8; ++i) dk[i] = block_scale<KV>(r[i] + off);
-        for (int c = 0; c < 4; ++c) {
-            const __m256 q = _mm256_loadu_ps(qp + kQK * b + 8 * c);
-#define EV_ATT_KEY(acc, i)                                                                                   \
-    acc = _mm256_fmadd_ps(KV == DType::Q8_0 ? _mm256_mul_ps(q, _mm256_broadcast_ss(dk + i)) : q,           \
-                          load_block8<KV>(r[i] + off, c), acc);
-            EV_ATT_KEY(s0, 0) EV_ATT_KEY(s1, 1) EV_ATT_KEY(s2, 2) EV_ATT_KEY(s3, 3)
-            EV_ATT_KEY(s4, 4) EV_ATT_KEY(s5, 5) EV_ATT_KEY(s6, 6) EV_ATT_KEY(s7, 7)
-#undef EV_ATT_KEY
-        }
+EV_AVX2 inline void convert_blocks(const uint8_t* src, int64_t nb, float* dst) {
+    for (int64_t b = 0; b < nb; ++b, src += kv_block_bytes(KV), dst += kQK) {
+        const __m256 d = _mm256_set1_ps(block_scale<KV>(src));
+        _mm256_store_ps(dst, load_block8<KV>(src, 0, d));
+        _mm256_store_ps(dst + 8, load_block8<KV>(src, 1, d));
+        _mm256_store_ps(dst + 16, load_block8<KV>(src, 2, d));
+        _mm256_store_ps(dst + 24, load_block8<KV>(src, 3, d));
     }
-    return _mm256_mul_ps(_mm256_set1_ps(a.scale), reduce8(s0, s1, s2, s3, s4, s5, s6, s7));
 }
 
-// out[0, 32 NB) = inv * sum_j e[j] v_j over NB blocks of a half / int8 value row (v: the rows'
-// first block, st bytes apart): 4 NB accumulators in registers, each row read once; Q8_0's block
-// scale is folded into the row's weight, e[j] d. Rows [j0, j1), first / last as weighted_sum.
-template <DType KV, int NB>
-EV_AVX2 void weighted_sum_blocks(const float* e, const uint8_t* v, size_t st, int64_t j0, int64_t j1, bool first,
-                                 bool last, float inv, SumState* state, float* out) {
-    static_assert(NB == 1 || NB == 2, "blocks of at most 64 floats");
-    const __m256 z = _mm256_setzero_ps();
-    __m256 a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z;
-    if (!first) {
-        a0 = _mm256_load_ps(state->v[0]), a1 = _mm256_load_ps(state->v[1]);
-        a2 = _mm256_load_ps(state->v[2]), a3 = _mm256_load_ps(state->v[3]);
-        if constexpr (NB == 2) {
-            a4 = _mm256_load_ps(state->v[4]), a5 = _mm256_load_ps(state->v[5]);
-            a6 = _mm256_load_ps(state->v[6]), a7 = _mm256_load_ps(state->v[7]);
-        }
-    }
-    for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t* b0 = v + static_cast<size_t>(j) * st;
-        const __m256 p0 = _mm256_set1_ps(e[j] * block_scale<KV>(b0));
-        a0 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 0), a0);
-        a1 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 1), a1);
-        a2 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 2), a2);
-        a3 = _mm256_fmadd_ps(p0, load_block8<KV>(b0, 3), a3);
-        if constexpr (NB == 2) {
-            const uint8_t* b1 = b0 + kv_block_bytes(KV);
-            const __m256 p1 = _mm256_set1_ps(e[j] * block_scale<KV>(b1));
-            a4 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 0), a4);
-            a5 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 1), a5);
-            a6 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 2), a6);
-            a7 = _mm256_fmadd_ps(p1, load_block8<KV>(b1, 3), a7);
-        }
-    }
-    if (!last) {
-        _mm256_store_ps(state->v[0], a0), _mm256_store_ps(state->v[1], a1);
-        _mm256_store_ps(state->v[2], a2), _mm256_store_ps(state->v[3], a3);
-        if constexpr (NB == 2) {
-            _mm256_store_ps(state->v[4], a4), _mm256_store_ps(state->v[5], a5);
-            _mm256_store_ps(state->v[6], a6), _mm256_store_ps(state->v[7], a7);
-        }
-        return;
-    }
-    const __m256 vinv = _mm256_set1_ps(inv);
-    _mm256_storeu_ps(out, _mm256_mul_ps(a0, vinv));
-    _mm256_storeu_ps(out + 8, _mm256_mul_ps(a1, vinv));
-    _mm256_storeu_ps(out + 16, _mm256_mul_ps(a2, vinv));
-    _mm256_storeu_ps(out + 24, _mm256_mul_ps(a3, vinv));
-    if constexpr (NB == 2) {
-        _mm256_storeu_ps(out + 32, _mm256_mul_ps(a4, vinv));
-        _mm256_storeu_ps(out + 40, _mm256_mul_ps(a5, vinv));
-        _mm256_storeu_ps(out + 48, _mm256_mul_ps(a6, vinv));
-        _mm256_storeu_ps(out + 56, _mm256_mul_ps(a7, vinv));
-    }
+// Software prefetch distances: the rows of 8 keys this many keys ahead in the score pass, the value
+// row this many rows ahead in the conversion of a chunk. The conversions keep the core busy enough
+// that the hardware prefetchers alone fall behind (docs/kernels/decode-attention.md).
+constexpr int64_t kPrefetchKeys = 32, kPrefetchRows = 16;
+
+EV_AVX2 inline void prefetch_bytes(const uint8_t* p, size_t n) {
+    for (size_t b = 0; b < n; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + n - 1), _MM_HINT_T0);
 }
 
 // Rows of V per chunk when a group shares them: 64 rows of a 64-float slice are 16 KiB (F32), so
 // the chunk a head has just read is still in L1 for the next head of the group.
 constexpr int64_t kGroupRows = 64;
 
-// The scores of key block [j, j + 8) for query qp.
-template <DType KV>
-EV_AVX2 inline __m256 scores_of(const AttentionArgs& a, const float* qp, int64_t j, __m256i dmask) {
-    if constexpr (KV == DType::F32)
-        return scores8(a, qp, j, dmask);
-    else
-        return scores8_blocks<KV>(a, qp, j);
-}
-
 // Every head of the group: scores 8 keys at a time, head-inner (the 8 key rows read from memory
 // once, then from L1 for the other heads); each head's exp(s - max) and its sum; then the weighted
 // sums, in chunks of kGroupRows value rows, head-inner (a single head: one chunk of all rows).
-template <DType KV>
 EV_AVX2 void attend(const AttentionArgs& a) {
     const int64_t n = a.n_kv, hd = a.head_dim, G = a.n_q;
     const __m256i dmask = tail_mask(hd % 8);
@@ -277,13 +213,13 @@ EV_AVX2 void attend(const AttentionArgs& a) {
     int64_t j = 0;
     for (; j + 8 <= n; j += 8)
         for (int64_t g = 0; g < G; ++g) {
-            const __m256 s = scores_of<KV>(a, a.q + g * a.q_stride, j, dmask);
+            const __m256 s = scores8(a, a.q + g * a.q_stride, j, dmask);
             _mm256_storeu_ps(a.scores + g * n + j, s);
             vmax[g] = _mm256_max_ps(vmax[g], s);
         }
     if (j < n)  // lanes past n_kv repeat the last key's score: harmless for the maximum
         for (int64_t g = 0; g < G; ++g) {
-            const __m256 s = scores_of<KV>(a, a.q + g * a.q_stride, j, dmask);
+            const __m256 s = scores8(a, a.q + g * a.q_stride, j, dmask);
             _mm256_maskstore_ps(a.scores + g * n + j, tail_mask(n - j), s);
             vmax[g] = _mm256_max_ps(vmax[g], s);
         }
@@ -299,18 +235,57 @@ EV_AVX2 void attend(const AttentionArgs& a) {
             for (int64_t g = 0; g < G; ++g) {
                 const float* e = a.scores + g * n;
                 float* out = a.out + g * a.q_stride + d0;
-                if constexpr (KV == DType::F32) {
-                    kWeightedSum[(w + 7) / 8 - 1][w % 8 != 0](e, static_cast<const float*>(a.v) + d0, a.v_stride, c0, c1,
-                                                              hd % 8, c0 == 0, c1 == n, inv[g], &state[g], out);
-                } else {
-                    const uint8_t* v = static_cast<const uint8_t*>(a.v) + kv_bytes(KV, d0);
-                    const size_t st = kv_bytes(KV, a.v_stride);
-                    if (w == 64)
-                        weighted_sum_blocks<KV, 2>(e, v, st, c0, c1, c0 == 0, c1 == n, inv[g], &state[g], out);
-                    else
-                        weighted_sum_blocks<KV, 1>(e, v, st, c0, c1, c0 == 0, c1 == n, inv[g], &state[g], out);
-                }
+                kWeightedSum[(w + 7) / 8 - 1][w % 8 != 0](e, static_cast<const float*>(a.v) + d0, a.v_stride, c0, c1,
+                                                          hd % 8, c0 == 0, c1 == n, inv[g], &state[g], out);
             }
+        }
+    }
+}
+
+// A half / int8 cache: per 8 keys, their rows converted into a float buffer, then every head's
+// scores by the float kernel on it; per chunk of kGroupRows value rows and 64-float slice, the slice
+// converted, then every head's weighted sum by the float kernel on it. A head's result does not
+// depend on the group: the same conversions and float steps either way.
+template <DType KV>
+EV_AVX2 void attend_blocks(const AttentionArgs& a) {
+    const int64_t n = a.n_kv, hd = a.head_dim, G = a.n_q, nb = hd / kQK;
+    const size_t kst = kv_bytes(KV, a.k_stride), vst = kv_bytes(KV, a.v_stride), row = kv_bytes(KV, hd);
+    const uint8_t* k = static_cast<const uint8_t*>(a.k);
+    alignas(32) float kbuf[8 * kMaxAttentionHeadDim];
+    AttentionArgs kb = a;  // the float view of the buffered 8 rows
+    kb.k = kbuf, kb.k_stride = hd, kb.kv_type = DType::F32;
+    const __m256i all = tail_mask(8);
+    __m256 vmax[kMaxAttentionGroup];
+    for (int64_t g = 0; g < G; ++g) vmax[g] = _mm256_set1_ps(-3.4e38f);
+    for (int64_t j = 0; j < n; j += 8) {
+        const int64_t m = n - j < 8 ? n - j : 8;  // rows past n_kv repeat the last one (scores8)
+        if (j + kPrefetchKeys + 8 <= n) prefetch_bytes(k + static_cast<size_t>(j + kPrefetchKeys) * kst, 7 * kst + row);
+        for (int64_t i = 0; i < m; ++i) convert_blocks<KV>(k + static_cast<size_t>(j + i) * kst, nb, kbuf + i * hd);
+        kb.n_kv = m;
+        for (int64_t g = 0; g < G; ++g) {
+            const __m256 s = scores8(kb, a.q + g * a.q_stride, 0, all);
+            _mm256_maskstore_ps(a.scores + g * n + j, tail_mask(m), s);
+            vmax[g] = _mm256_max_ps(vmax[g], s);  // lanes past n_kv repeat the last key's score
+        }
+    }
+    float inv[kMaxAttentionGroup];
+    for (int64_t g = 0; g < G; ++g)  // exp(s - mx) in place, 1 / sum
+        inv[g] = static_cast<float>(1.0 / exp_sub_scaled_sum(a.scores + g * n, n, hmax(vmax[g]), 1.f));
+    alignas(32) float vbuf[kGroupRows * 64];
+    SumState state[kMaxAttentionGroup];
+    for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+        const int64_t w = hd - d0 < 64 ? hd - d0 : 64;  // 32 or 64
+        const uint8_t* v = static_cast<const uint8_t*>(a.v) + kv_bytes(KV, d0);
+        for (int64_t c0 = 0; c0 < n; c0 += kGroupRows) {
+            const int64_t c1 = n - c0 < kGroupRows ? n : c0 + kGroupRows;
+            for (int64_t j = c0; j < c1; ++j) {
+                const uint8_t* r = v + static_cast<size_t>(j) * vst;
+                if (j + kPrefetchRows < n) prefetch_bytes(r + kPrefetchRows * vst, kv_bytes(KV, w));
+                convert_blocks<KV>(r, w / kQK, vbuf + (j - c0) * w);
+            }
+            for (int64_t g = 0; g < G; ++g)
+                kWeightedSum[w / 8 - 1][0](a.scores + g * n + c0, vbuf, w, 0, c1 - c0, 0, c0 == 0, c1 == n, inv[g],
+                                           &state[g], a.out + g * a.q_stride + d0);
         }
     }
 }
@@ -329,9 +304,9 @@ EV_AVX2 void attention_avx2(const AttentionArgs& args) {
             for (int64_t d = 0; d < a.head_dim; ++d) a.out[g * a.q_stride + d] = 0.f;
         return;
     }
-    if (a.kv_type == DType::F16) return attend<DType::F16>(a);
-    if (a.kv_type == DType::Q8_0) return attend<DType::Q8_0>(a);
-    attend<DType::F32>(a);
+    if (a.kv_type == DType::F16) return attend_blocks<DType::F16>(a);
+    if (a.kv_type == DType::Q8_0) return attend_blocks<DType::Q8_0>(a);
+    attend(a);
 }
 
 }  // namespace evk
