@@ -129,8 +129,9 @@ using RmsNormGatedFn = void (*)(const float* x, const float* w, const float* z, 
 // x *= sigmoid(g) (the gated full attention's output gate).
 using SigmoidMulFn = void (*)(float* x, const float* g, int64_t n);
 
-// The operators of EVK_OPS (op_list.h), chosen once per process by the operator table's rules
-// (choose()): for each, its function and the name of the variant that fills the slot. Matrix
+// The operators of EVK_OPS (op_list.h), chosen by the active operator table's rules (choose(); one
+// OpTable per activated table, and a model keeps the one it was loaded with): for each, its
+// function and the name of the variant that fills the slot. Matrix
 // products are chosen per weight (format, phase, shape) by choose_matmul().
 struct OpTable {
 #define EVK_OPTABLE_SLOT(name, Fn) \

@@ -1,7 +1,7 @@
 // The operator implementation table: a registry of kernel variants and the rules (from
 // kernels/optable.tsv, compiled in, or a tuned table loaded at run time) that pick one per
 // (operator, format, phase, shape, CPU features). The operators of EVK_OPS (op_list.h: attention
-// and the element-wise ones) are chosen by the same rules, once per process.
+// and the element-wise ones) are chosen by the same rules, once per activated table (best_ops).
 #include <initializer_list>
 #if defined(__aarch64__)
 #include <sys/auxv.h>
@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#include <deque>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -391,6 +392,7 @@ struct Active {
     std::mutex mu;
     std::vector<Rule> rules = parse(EVK_DEFAULT_OPTABLE);
     std::string source = "built-in default (kernels/optable.tsv)";
+    uint64_t generation = 0;  // bumped by every load_optable: best_ops() rebuilds after it
 };
 Active& active() {
     static Active a;
@@ -468,6 +470,7 @@ void load_optable(const std::string& text, const std::string& source) {
     std::lock_guard<std::mutex> lk(a.mu);
     a.rules = std::move(rules);
     a.source = source;
+    ++a.generation;
 }
 
 std::string optable_source() {
@@ -513,8 +516,22 @@ const OpTable& reference_ops() {
     return t;
 }
 
+// The table of the rules active now. Each activation of a table gets its own OpTable, built on the
+// first call after it and kept for the life of the process (a few hundred bytes each), so a model
+// keeps the operators it was loaded with (Compute holds a reference) while a later load in the same
+// process gets the new table's (`edgevlm bench --profile robot` after a run on the default table).
 const OpTable& best_ops() {
-    static const OpTable t = [] {
+    static std::mutex mu;
+    static std::deque<OpTable> built;  // references stay valid as it grows
+    static uint64_t built_generation = 0;
+    uint64_t generation;
+    {
+        Active& a = active();
+        std::lock_guard<std::mutex> lk(a.mu);
+        generation = a.generation;
+    }
+    std::lock_guard<std::mutex> lk(mu);  // then choose_variant takes active().mu: always this order
+    if (built.empty() || built_generation != generation) {
         OpTable b = make_reference();
         // The operator table's pick for op: its function into fn, its name into name.
         auto pick = [](const char* op, auto Kernel::*slot, auto& fn, const char*& name) {
@@ -525,9 +542,10 @@ const OpTable& best_ops() {
 #define EVK_PICK(name, Fn) pick(#name, &Kernel::name, b.name, b.name##_variant);
         EVK_OPS(EVK_PICK)
 #undef EVK_PICK
-        return b;
-    }();
-    return t;
+        built.push_back(b);
+        built_generation = generation;
+    }
+    return built.back();
 }
 
 }  // namespace evk

@@ -242,8 +242,9 @@ def test_tune_table_order_changes_the_choice(tmp_path, restore_optable):
     path.write_text(text)
     optable.activate()
     cpu = _engine.cpu_features()
-    builtin = ("avx512vnni_q8act_x8" if cpu["avx512vnni"] and cpu["avx512bw"] and cpu["avx512vl"]
-               else "avxvnni_q8act_x8" if cpu["avxvnni"] else "avx2_q8act_x8")
+    builtin = ("avxvnni_q8act_x8" if cpu["avxvnni"]
+               else "avx512vnni_q8act_x8" if cpu["avx512vnni"] and cpu["avx512bw"] and cpu["avx512vl"]
+               else "avx2_q8act_x8")
     assert _engine.choose_matmul("Q4_1", "decode", 576, 576) == builtin  # built-in default
     optable.activate(path)
     assert _engine.choose_matmul("Q4_1", "decode", 576, 576) == "avx2_f32act"
@@ -316,6 +317,22 @@ def test_optable_comments_keep_their_semicolons_and_lines(restore_optable):
         optable.activate_text("matmul Q4_0 decode any - ref;softmaxx * * any - ref", "t")
     with pytest.raises(ValueError, match="line 1: bad shape class 'rows>=9999999999999999999'"):
         optable.activate_text("matmul Q4_0 decode rows>=9999999999999999999 - ref", "t")
+
+
+def test_operators_follow_the_table_activated_last(restore_optable, text_model_path):
+    """Attention and the element-wise operators come from the table active when a model loads, also
+    after a switch in the same process (they were fixed at the first use: a robot-profile bench run
+    after a default one kept the AVX-512 attention); a model loaded before keeps its own."""
+    optable.activate_text(optable._builtin_text(), "built-in")
+    first = _engine.kernel_variants()["attention"]
+    before = _engine.Decoder(_engine.GGUFFile(str(text_model_path)), threads=1, n_ctx=8)
+    optable.activate_text("attention  *  *  any  -  ref\n", "reference attention")
+    assert _engine.kernel_variants()["attention"] == "ref"
+    after = _engine.Decoder(_engine.GGUFFile(str(text_model_path)), threads=1, n_ctx=8)
+    assert "attention=ref;" in after.variants()
+    assert f"attention={first};" in before.variants()
+    optable.activate_text(optable._builtin_text(), "built-in")
+    assert _engine.kernel_variants()["attention"] == first == _engine.choose("attention")
 
 
 def test_robot_table_is_shipped_and_runs_no_avx512(restore_optable):

@@ -609,7 +609,7 @@ std::string layer_variants(const Weight& w) {
 
 std::string Decoder::variants() const {
     const evk::OpTable& op = compute_.ops();
-    return arch_->variants() + "; output (" + evk::type_traits(output_.type)->name + "): decode=" + output_.decode.name +
+    return arch_->variants(op) + "; output (" + evk::type_traits(output_.type)->name + "): decode=" + output_.decode.name +
            " prefill=" + output_.prefill.name + "; attention=" + op.attention_variant + "; silu_mul=" +
            op.silu_mul_variant + "; rmsnorm=" + op.rmsnorm_variant + "; rope=" + op.rope_variant + "; add=" +
            op.add_variant;

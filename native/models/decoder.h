@@ -185,7 +185,8 @@ public:
     // x += block(x) for the chunk's tokens in s.x; appends the layer's keys and values at positions
     // pos0.. of its cache (or advances its recurrent state).
     virtual void layer(DecoderContext& c, int64_t l, const Chunk& ch, const LayerCache& cache) const = 0;
-    virtual std::string variants() const = 0;  // which kernels serve the layers, for the log
+    // Which kernels serve the layers, for the log (op: the operators the decoder runs them with).
+    virtual std::string variants(const evk::OpTable& op) const = 0;
 };
 
 // Shared steps a block is made of.

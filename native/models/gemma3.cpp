@@ -124,8 +124,8 @@ public:
         op.add(s.x.data(), s.xb2.data(), n * d);
     }
 
-    std::string variants() const override {
-        return layer_variants(layers_[0].wq) + "; gelu_mul=" + evk::best_ops().gelu_mul_variant;
+    std::string variants(const evk::OpTable& op) const override {
+        return layer_variants(layers_[0].wq) + "; gelu_mul=" + op.gelu_mul_variant;
     }
 
 private:

@@ -29,7 +29,7 @@ public:
         c.matmul(proj_, shuffled_.data(), cfg_.n_out(), out, evk::kPrefill);
     }
 
-    std::string variants() const override { return tower_.variants(evk::best_ops()); }
+    std::string variants(const evk::OpTable& op) const override { return tower_.variants(op); }
     bool ffn_swapped() const override { return tower_.ffn_swapped(); }
 
 private:

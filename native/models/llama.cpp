@@ -50,7 +50,7 @@ public:
         op.add(s.x.data(), s.xb2.data(), n * d);
     }
 
-    std::string variants() const override { return layer_variants(layers_[0].wq); }
+    std::string variants(const evk::OpTable&) const override { return layer_variants(layers_[0].wq); }
 
 private:
     std::vector<GatedLayerWeights> layers_;

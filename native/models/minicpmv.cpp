@@ -259,7 +259,7 @@ public:
         mlp_.run(c, hidden_.data(), gh, gw, out);
     }
 
-    std::string variants() const override { return tower_.variants(evk::best_ops()); }
+    std::string variants(const evk::OpTable& op) const override { return tower_.variants(op); }
     bool ffn_swapped() const override { return tower_.ffn_swapped(); }
 
 private:

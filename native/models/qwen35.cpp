@@ -108,8 +108,7 @@ public:
         op.add(s.x.data(), s.xb2.data(), n * d);
     }
 
-    std::string variants() const override {
-        const evk::OpTable& op = evk::best_ops();
+    std::string variants(const evk::OpTable& op) const override {
         return layer_variants(layers_.back().w_up) + "; causal_conv1d=" + op.causal_conv1d_variant + "; delta_rule=" +
                op.delta_rule_variant + "; l2norm=" + op.l2norm_variant + "; rmsnorm_gated=" + op.rmsnorm_gated_variant +
                "; sigmoid_mul=" + op.sigmoid_mul_variant;

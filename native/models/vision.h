@@ -32,7 +32,7 @@ public:
     virtual int64_t max_k() const = 0;
     // pixels: one tile, channel-major [3][image_size][image_size], normalized; out: n_out rows of proj_dim.
     virtual void encode(Compute& c, const float* pixels, float* out) = 0;
-    virtual std::string variants() const = 0;
+    virtual std::string variants(const evk::OpTable& op) const = 0;  // op: the operators encode() runs with
     virtual bool ffn_swapped() const { return false; }  // the mmproj names fc1 ffn_down (some published files)
     // A tile of gh x gw patches (pixels [3][gh*P][gw*P]): tokens(gh, gw) rows of proj_dim, for a family
     // whose tiles have grids of their own (std::invalid_argument for a grid it cannot take, and from a
@@ -50,7 +50,7 @@ public:
     const VisionConfig& config() const { return cfg_; }
     int threads() const { return compute_->threads(); }
     bool ffn_swapped() const { return arch_->ffn_swapped(); }
-    std::string variants() const { return arch_->variants(); }
+    std::string variants() const { return arch_->variants(compute_->ops()); }
     void encode(const float* pixels, float* out) { arch_->encode(*compute_, pixels, out); }
     int64_t tokens(int64_t gh, int64_t gw) const { return arch_->tokens(gh, gw); }
     void encode_grid(const float* pixels, int64_t gh, int64_t gw, float* out) {
