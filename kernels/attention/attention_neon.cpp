@@ -5,8 +5,8 @@
 // stack for the compressed caches. Per token that is head_dim x n_kv x 2 multiply-adds per query
 // head: SmolLM2-135M at 1k positions, 30 layers x 9 heads x 1024 x 128 = 35 M scalar FMAs, more
 // than streaming its 96 MB of weights costs a Cortex-A76-class core. Here 4 lanes per FMA and the
-// half / int8 values converted in registers (vcvt_f32_f16; int8 widened twice, then the block's
-// scale once per 32 values). Correctness against the reference under qemu-aarch64 (kernel_check);
+// half / int8 values converted once per row for all the query heads of a group (vcvt_f32_f16;
+// int8 widened twice, times the block's scale). Correctness against the reference under qemu-aarch64 (kernel_check);
 // speed not measured (no Arm machine here).
 //
 // The steps are the reference's: every score, their maximum, exp(score - max) (exp4, the NEON
@@ -82,32 +82,18 @@ inline float block_scale(const uint8_t* blk) {
     }
 }
 
+// dst[0, n) = a row of blocks as floats (Q8_0: d times its int8 values, the product the format's
+// to_float rounds). Converted once per row for all the heads of a group.
 template <DType KV>
-inline float dot_blocks(const float* q, const uint8_t* row, int64_t n) {
-    float32x4_t acc = vdupq_n_f32(0.f);
-    for (int64_t b = 0; b < n / kQK; ++b, row += kv_block_bytes(KV), q += kQK) {
-        float32x4_t s0 = vdupq_n_f32(0.f), s1 = s0;
+inline void convert_row(const uint8_t* row, int64_t n, float* dst) {
+    for (int64_t b = 0; b < n / kQK; ++b, row += kv_block_bytes(KV), dst += kQK) {
+        const float d = block_scale<KV>(row);
         for (int c = 0; c < 4; ++c) {
             float32x4_t lo, hi;
             load8<KV>(row, c, &lo, &hi);
-            s0 = vfmaq_f32(s0, vld1q_f32(q + 8 * c), lo);
-            s1 = vfmaq_f32(s1, vld1q_f32(q + 8 * c + 4), hi);
-        }
-        acc = vfmaq_n_f32(acc, vaddq_f32(s0, s1), block_scale<KV>(row));
-    }
-    return vaddvq_f32(acc);
-}
-
-// out[0, n) += p * v (v's rows of blocks; Q8_0's scale folded into p once per block).
-template <DType KV>
-inline void axpy_blocks(float p, const uint8_t* row, float* out, int64_t n) {
-    for (int64_t b = 0; b < n / kQK; ++b, row += kv_block_bytes(KV), out += kQK) {
-        const float32x4_t pv = vdupq_n_f32(p * block_scale<KV>(row));
-        for (int c = 0; c < 4; ++c) {
-            float32x4_t lo, hi;
-            load8<KV>(row, c, &lo, &hi);
-            vst1q_f32(out + 8 * c, vfmaq_f32(vld1q_f32(out + 8 * c), pv, lo));
-            vst1q_f32(out + 8 * c + 4, vfmaq_f32(vld1q_f32(out + 8 * c + 4), pv, hi));
+            if constexpr (KV == DType::Q8_0) lo = vmulq_n_f32(lo, d), hi = vmulq_n_f32(hi, d);
+            vst1q_f32(dst + 8 * c, lo);
+            vst1q_f32(dst + 8 * c + 4, hi);
         }
     }
 }
@@ -132,27 +118,31 @@ inline float exp_scores(float* s, int64_t n, float mx) {
     return sum;
 }
 
-// Rows of V per chunk when a group shares them (64 rows of a 64-float head: 16 KiB, still in L1
-// when the next head of the group reads them).
-constexpr int64_t kGroupRows = 64;
-
-// Each query head of the group in the reference's steps; a key row is read once for all heads (the
-// heads inner), value rows in chunks of kGroupRows, each chunk once for all heads. A head's
-// additions are the same, in the same order, as when it is alone.
+// Each query head of the group in the reference's steps; a key or value row is read once for all
+// heads (the heads inner) and, for a half / int8 cache, converted to floats once for all of them.
+// A head's additions are the same, in the same order, as when it is alone.
 template <DType KV>
 void attend(const AttentionArgs& a) {
     const int64_t n = a.n_kv, G = a.n_q, hd = a.head_dim;
     const uint8_t* k = static_cast<const uint8_t*>(a.k);
     const uint8_t* v = static_cast<const uint8_t*>(a.v);
     const size_t ks = kv_bytes(KV, a.k_stride), vs = kv_bytes(KV, a.v_stride);
+    float buf[KV == DType::F32 ? 1 : kMaxAttentionHeadDim];
+    // Row j as floats: the row itself for F32, else converted into buf.
+    auto row_f32 = [&](const uint8_t* row) -> const float* {
+        if constexpr (KV == DType::F32) {
+            return reinterpret_cast<const float*>(row);
+        } else {
+            convert_row<KV>(row, hd, buf);
+            return buf;
+        }
+    };
     float mx[kMaxAttentionGroup];
     for (int64_t g = 0; g < G; ++g) mx[g] = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
-        const uint8_t* row = k + static_cast<size_t>(j) * ks;
+        const float* row = row_f32(k + static_cast<size_t>(j) * ks);
         for (int64_t g = 0; g < G; ++g) {
-            const float* q = a.q + g * a.q_stride;
-            const float s = a.scale * (KV == DType::F32 ? dot_f32(q, reinterpret_cast<const float*>(row), hd)
-                                                        : dot_blocks<KV>(q, row, hd));
+            const float s = a.scale * dot_f32(a.q + g * a.q_stride, row, hd);
             a.scores[g * n + j] = s;
             mx[g] = s > mx[g] ? s : mx[g];
         }
@@ -162,19 +152,9 @@ void attend(const AttentionArgs& a) {
         inv[g] = 1.f / exp_scores(a.scores + g * n, n, mx[g]);
         for (int64_t d = 0; d < hd; ++d) a.out[g * a.q_stride + d] = 0.f;
     }
-    for (int64_t c0 = 0; c0 < n; c0 += kGroupRows) {
-        const int64_t c1 = n - c0 < kGroupRows ? n : c0 + kGroupRows;
-        for (int64_t g = 0; g < G; ++g) {
-            const float* e = a.scores + g * n;
-            float* out = a.out + g * a.q_stride;
-            for (int64_t j = c0; j < c1; ++j) {
-                const uint8_t* row = v + static_cast<size_t>(j) * vs;
-                if constexpr (KV == DType::F32)
-                    axpy_f32(e[j], reinterpret_cast<const float*>(row), out, hd);
-                else
-                    axpy_blocks<KV>(e[j], row, out, hd);
-            }
-        }
+    for (int64_t j = 0; j < n; ++j) {
+        const float* row = row_f32(v + static_cast<size_t>(j) * vs);
+        for (int64_t g = 0; g < G; ++g) axpy_f32(a.scores[g * n + j], row, a.out + g * a.q_stride, hd);
     }
     for (int64_t g = 0; g < G; ++g) {
         float* out = a.out + g * a.q_stride;
