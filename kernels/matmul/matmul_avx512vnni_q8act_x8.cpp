@@ -102,13 +102,18 @@ EV_AVX512VNNI inline __m256 load_halves(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// One group of 8 rows against one token's activations: 8 results (the float work as in x8_body.inc).
+// One group of 8 rows against one token's activations: 8 results (the float work as in x8_body.inc);
+// pf (or nullptr) is the group to prefetch into L2 meanwhile, a block of it per block computed, as
+// the ymm body does (docs/kernels/decode-x8-avx512.md, "The zmm kernel after the prefetch").
 template <DType T>
-EV_AVX512VNNI inline __m256 group_dot(const uint8_t* g, const BlockQ8A* y, const ActX8* x, int64_t nb) {
+EV_AVX512VNNI inline __m256 group_dot(const uint8_t* g, const BlockQ8A* y, const ActX8* x, int64_t nb,
+                                      const uint8_t* pf) {
     constexpr size_t kScales = T == DType::Q4_1 ? 32 : 16;  // bytes of d (and m) before the quants
     const size_t bb = x8_block_bytes(T);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b, g += bb) {
+        if (pf)
+            for (size_t o = 0; o < bb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + b * bb + o), _MM_HINT_T1);
         const __m256 dot = _mm256_cvtepi32_ps(block_dot<T>(g + kScales, x[b], y[b].sum));
         const __m256 d = load_halves(g);
         if constexpr (T == DType::Q4_0) {
@@ -138,7 +143,10 @@ EV_AVX512VNNI void run_x8(const MatmulArgs& a, BlockQ8A* yq, ActX8* xa) {
         for (int64_t i = 0; i < kStreams * per; ++i) {
             const int64_t g = g0 + (i % kStreams) * per + i / kStreams;
             if (g >= g1) continue;
-            const __m256 acc = group_dot<T>(base + static_cast<size_t>(g) * group_bytes, yq, xa, nb);
+            const int64_t gn = g + 1;  // this stream's next group (read kStreams groups later)
+            const uint8_t* pf = gn < g1 && gn < g0 + ((i % kStreams) + 1) * per
+                                    ? base + static_cast<size_t>(gn) * group_bytes : nullptr;
+            const __m256 acc = group_dot<T>(base + static_cast<size_t>(g) * group_bytes, yq, xa, nb, pf);
             const int64_t r0 = std::max(a.row0, g * kPackRows), r1 = std::min(a.row1, (g + 1) * kPackRows);
             if (r0 == g * kPackRows && r1 == r0 + kPackRows) {
                 _mm256_storeu_ps(y + r0, acc);
