@@ -261,7 +261,7 @@ const std::vector<Variant>& registry() {
          nullptr, WLayout::kX8},
         {EVK_V(matmul, avx512_gemm), dequantized_formats(), "avx512f,avx512bw,avx512vl,fma,f16c",
          nullptr, WLayout::kX8, &kPackP16},
-        {EVK_V(matmul, amx_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0},
+        {EVK_V(matmul, amx_gemm), dequantized_formats(),
          "amxbf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c", nullptr, WLayout::kX8, &kPackP16, &kActBf16x2, 32},
         {EVK_V(matmul, avx2_q8act), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c", &kPackX8},
