@@ -78,6 +78,8 @@ constexpr bool kv_type_fits(DType t, int64_t head_dim) {
 constexpr size_t kv_bytes(DType t, int64_t n) {
     return t == DType::Q8_0 ? static_cast<size_t>(n / kQK) * 34 : static_cast<size_t>(n) * (t == DType::F16 ? 2 : 4);
 }
+// Bytes of one block of 32 cached values: F16 64, Q8_0 34 (an fp16 scale d, then 32 int8).
+constexpr size_t kv_block_bytes(DType t) { return kv_bytes(t, kQK); }
 using AttentionFn = void (*)(const AttentionArgs&);
 
 // Element-wise operators with more than one variant (the exp-based ones).

@@ -188,16 +188,6 @@ EV_AVX2 inline void convert_blocks(const uint8_t* src, int64_t nb, float* dst) {
     }
 }
 
-// Software prefetch distances: the rows of 8 keys this many keys ahead in the score pass, the value
-// row this many rows ahead in the conversion of a chunk. The conversions keep the core busy enough
-// that the hardware prefetchers alone fall behind (docs/kernels/decode-attention.md).
-constexpr int64_t kPrefetchKeys = 32, kPrefetchRows = 16;
-
-EV_AVX2 inline void prefetch_bytes(const uint8_t* p, size_t n) {
-    for (size_t b = 0; b < n; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + n - 1), _MM_HINT_T0);
-}
-
 // Rows of V per chunk when a group shares them: 64 rows of a 64-float slice are 16 KiB (F32), so
 // the chunk a head has just read is still in L1 for the next head of the group.
 constexpr int64_t kGroupRows = 64;

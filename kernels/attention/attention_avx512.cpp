@@ -9,8 +9,6 @@
 #if defined(__x86_64__)
 #include "../matmul/avx512_intrin.h"  // first: <immintrin.h> without GCC 12's false warnings
 
-#include <cstring>
-
 #include "../ops.h"
 #include "attention_x86.h"
 #include "../elementwise/exp_avx2.h"
@@ -43,7 +41,6 @@ EV_AVX512 inline __m256 fold16(__m512 x) {
 // of the weighted sum for 6 heads 24; with the converted key / value vectors and a broadcast they fit
 // the 32 zmm registers. A key or value block is converted once per pass, for all its heads.
 constexpr int kScoreHeads = 3, kSumHeads = 6;
-constexpr int64_t kPrefetchKeys = 32, kPrefetchRows = 16;
 
 // scale * q_h.k for the keys [j, j + 8) and the HB heads at q (q_stride apart), into out[h]; keys past
 // n_kv repeat the last one. Per block of 32 a key's two 16-lane halves are converted once, then one
@@ -104,8 +101,7 @@ EV_AVX512 void weighted_sum(const float* e, int64_t n, const uint8_t* v, size_t 
     __m512 a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
     for (int64_t j = 0; j < n; ++j) {
         const uint8_t* row = v + static_cast<size_t>(j) * st;
-        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * st), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * st + NB * bb - 1), _MM_HINT_T0);
+        if (j + kPrefetchRows < n) prefetch_bytes(row + kPrefetchRows * st, NB * bb);
         const __m512 v0 = load16<KV>(row, 0), v1 = load16<KV>(row, 1);
         const __m512 v2 = NB > 1 ? load16<KV>(row + bb, 0) : z, v3 = NB > 1 ? load16<KV>(row + bb, 1) : z;
 #define EV_ATT_HEAD(h, x0, x1, x2, x3)                         \
@@ -154,10 +150,9 @@ EV_AVX512 void attend(const AttentionArgs& a) {
     int64_t j = 0;
     const size_t kst = kv_bytes(KV, a.k_stride);
     for (; j + 8 <= n; j += 8) {
-        if (j + kPrefetchKeys + 8 <= n) {  // the rows of 8 keys kPrefetchKeys ahead
-            const char* p = static_cast<const char*>(a.k) + static_cast<size_t>(j + kPrefetchKeys) * kst;
-            for (size_t b = 0; b < 8 * kst; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-        }
+        if (j + kPrefetchKeys + 8 <= n)  // the rows of 8 keys kPrefetchKeys ahead
+            prefetch_bytes(static_cast<const uint8_t*>(a.k) + static_cast<size_t>(j + kPrefetchKeys) * kst,
+                           7 * kst + kv_bytes(KV, hd));
         for (int64_t g0 = 0; g0 < G; g0 += kScoreHeads) {
             const int64_t hb = G - g0 < kScoreHeads ? G - g0 : kScoreHeads;
             kScores[hb - 1](a, a.q + g0 * a.q_stride, j, s);

@@ -54,8 +54,6 @@ inline void axpy_f32(float p, const float* v, float* out, int64_t n) {
 
 // -- Half and int8 caches: rows of blocks of 32 (head_dim a multiple of 32) --
 
-constexpr size_t kv_block_bytes(DType t) { return kv_bytes(t, kQK); }  // F16 64, Q8_0 34
-
 // Elements 8c .. 8c + 7 of a block as two float vectors (Q8_0: its int8 values, without the scale).
 template <DType KV>
 inline void load8(const uint8_t* blk, int c, float32x4_t* lo, float32x4_t* hi) {

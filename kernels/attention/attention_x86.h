@@ -24,8 +24,16 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 reduce8(__m256 a0, __m256
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// Bytes of one block of 32 cached values: F16 64, Q8_0 34 (an fp16 scale d, then 32 int8).
-constexpr size_t kv_block_bytes(DType t) { return kv_bytes(t, kQK); }
+// Software prefetch distances of the half / int8 paths: the rows of 8 keys this many keys ahead in
+// the score pass, the value row this many rows ahead in the sum. The conversions keep the core busy
+// enough that the hardware prefetchers alone fall behind (docs/kernels/decode-attention.md).
+constexpr int64_t kPrefetchKeys = 32, kPrefetchRows = 16;
+
+// Every cache line of [p, p + n) into L1.
+__attribute__((target("avx2,fma,f16c"))) inline void prefetch_bytes(const uint8_t* p, size_t n) {
+    for (size_t b = 0; b < n; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + n - 1), _MM_HINT_T0);
+}
 
 // A block's scale (Q8_0: its fp16 d; F16: 1).
 template <DType KV>

@@ -17,6 +17,10 @@
 #define EV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
 namespace evk {
+
+// Rows [r, r + n) of a's weight as n float rows of a.k in dst (matmul_avx2.cpp).
+void expand_rows_avx2(const MatmulArgs& a, int64_t r, int64_t n, float* dst);
+
 namespace avx512 {
 
 EV_AVX512 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
@@ -159,6 +163,17 @@ EV_AVX512 void pack_panel_t(const MatmulArgs& a, int64_t r0, int nrows, int64_t 
 constexpr bool pack_panel_reads(DType t) {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q4_0 || t == DType::Q4_1 ||
            t == DType::Q8_0;
+}
+
+// The others: a panel's rows as float rows in a.scratch (expand_rows_avx2, matmul_avx2.cpp, rows
+// [r, r + n) to scratch rows 0 .. n - 1), read through the weight this returns.
+inline MatmulArgs expanded_rows(const MatmulArgs& a) {
+    MatmulArgs rows = a;
+    rows.w = a.scratch;
+    rows.wtype = DType::F32;
+    rows.w_row_bytes = static_cast<size_t>(a.k) * sizeof(float);
+    rows.w_layout = WLayout::kRows;
+    return rows;
 }
 
 EV_AVX512 inline void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, float* panel) {

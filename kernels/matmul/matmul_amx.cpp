@@ -188,8 +188,6 @@ struct alignas(64) TileConfig {
 extern const ActPrep kActBf16x2;  // the operator table's registry (optable.cpp) names it
 const ActPrep kActBf16x2{"bf16x2", 16, bf16x2_row_bytes, bf16x2_prep};
 
-void expand_rows_avx2(const MatmulArgs& a, int64_t r, int64_t n, float* dst);  // matmul_avx2.cpp
-
 EV_AMX void matmul_amx_gemm(const MatmulArgs& a) {
     if (!a.xp) return;  // the runtime always converts the activations first (MatmulChoice::act)
     alignas(64) uint8_t b[kStepsPerBlock * kStepBytes];
@@ -204,12 +202,8 @@ EV_AMX void matmul_amx_gemm(const MatmulArgs& a) {
     const int64_t ys = a.y_stride * static_cast<int64_t>(sizeof(float));
     // Formats the panel fill does not read in slices of 32 (Q5_0, Q5_1, IQ4_NL, the K-quants): the
     // panel's rows expanded to float in scratch first, as avx512_gemm does.
-    const bool direct = avx512::pack_panel_reads(a.wtype);
-    MatmulArgs rows = a;
-    rows.w = a.scratch;
-    rows.wtype = DType::F32;
-    rows.w_row_bytes = static_cast<size_t>(a.k) * sizeof(float);
-    rows.w_layout = WLayout::kRows;
+    const bool direct = pack_panel_reads(a.wtype);
+    const MatmulArgs rows = expanded_rows(a);
     for (int64_t r = a.row0; r < a.row1; r += 16 * kGroups) {
         const int nrows = static_cast<int>(a.row1 - r < 16 * kGroups ? a.row1 - r : 16 * kGroups);
         const int ng = (nrows + 15) / 16;

@@ -112,8 +112,7 @@ EV_AVX512VNNI inline __m256 group_dot(const uint8_t* g, const BlockQ8A* y, const
     const size_t bb = x8_block_bytes(T);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b, g += bb) {
-        if (pf)
-            for (size_t o = 0; o < bb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + b * bb + o), _MM_HINT_T1);
+        if (pf) x8_evex::prefetch_span(pf + b * bb, bb);
         const __m256 dot = _mm256_cvtepi32_ps(block_dot<T>(g + kScales, x[b], y[b].sum));
         const __m256 d = load_halves(g);
         if constexpr (T == DType::Q4_0) {
