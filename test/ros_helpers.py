@@ -383,10 +383,35 @@ class RosPeer:
         return future.result()
 
     @staticmethod
-    def call(client: Any, request: Any, timeout: float = 120.0) -> Any:
-        """One service call: waits for the service (at most 30 s), then for the response."""
-        if not client.wait_for_service(timeout_sec=min(timeout, 30.0)):
+    def connect(client: Any, probe: Any, timeout: float = 30.0, resend_s: float = 2.0) -> None:
+        """Waits for the service, then until the server has answered probe once.
+
+        wait_for_service sees discovery from the client's side only. Fast DDS's server waits 100 ms
+        for its reply writer to match the client's reply reader and otherwise drops the response
+        ("client will not receive response"): on a loaded machine the first call after discovery
+        can go unanswered for ever (CI, 2026-12-06). probe must be a request the server answers at
+        once and without side effects (for the node's Ask, an empty question: refused); it is resent
+        every resend_s until one answer arrives. After that the server's writer knows this client (a
+        server created anew, as a lifecycle node's on activation, needs a new probe: call() probes
+        before every call, one round trip).
+        """
+        deadline = time.monotonic() + timeout
+        if not client.wait_for_service(timeout_sec=timeout):
             raise AssertionError(f"{client.srv_name} is not available")
+        futures: list[Any] = []
+        while not any(f.done() for f in futures):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{client.srv_name} answered none of {len(futures)} probes in {timeout} s")
+            futures.append(client.call_async(probe))
+            resend = time.monotonic() + resend_s
+            while not any(f.done() for f in futures) and time.monotonic() < resend:
+                time.sleep(0.005)
+
+    @staticmethod
+    def call(client: Any, request: Any, timeout: float = 120.0, probe: Any = None) -> Any:
+        """One service call, after connect(client, probe) (probe: the request itself when it is
+        safe to send twice), then waits for the response."""
+        RosPeer.connect(client, request if probe is None else probe, min(timeout, 30.0))
         return RosPeer.wait_future(client.call_async(request), timeout, client.srv_name)
 
     def set_parameters(self, node_name: str, values: Mapping[str, Any], timeout: float = 10.0) -> list[Any]:

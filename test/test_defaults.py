@@ -104,7 +104,7 @@ def ask_over_ros(domain: int, service: str, question: str, choices: list[str], t
     peer = RosPeer(domain)
     try:
         client = peer.node.create_client(Ask, service)
-        return RosPeer.call(client, Ask.Request(question=question, choices=choices), timeout)
+        return RosPeer.call(client, Ask.Request(question=question, choices=choices), timeout, probe=Ask.Request())
     finally:
         peer.close()
 

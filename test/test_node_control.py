@@ -48,7 +48,7 @@ def _ask(peer: RosPeer, client: Any, camera: str, question: str, **fields: Any) 
     request = Ask.Request(camera=camera, question=question)
     for k, v in fields.items():
         setattr(request, k, v)
-    return RosPeer.call(client, request)
+    return RosPeer.call(client, request, probe=Ask.Request())  # an empty question: refused at once
 
 
 def _picture(i: int) -> np.ndarray:
@@ -105,6 +105,7 @@ def control_node(tmp: Path, vlm_pair: tuple[Path, Path] | None, params: dict[str
             for p in pubs.values():
                 RosPeer.wait_subscribers(p)
             client = peer.node.create_client(Ask, f"/{namespace}/ask")
+            RosPeer.connect(client, Ask.Request())  # the tests' own call_async calls come after it
             yield ControlNode(child, f"/{namespace}/edgevlm", peer, diag, pubs, client)
     finally:
         peer.close()
@@ -450,7 +451,9 @@ def test_lifecycle_node_through_every_transition(vlm_pair: tuple[Path, Path], tm
             rss0 = child.rss_mb()
 
             def transition(t: int) -> None:
-                r = RosPeer.call(change, ChangeState.Request(transition=Transition(id=t)))
+                # The probe: a transition label that does not exist (answered "no", nothing changes).
+                r = RosPeer.call(change, ChangeState.Request(transition=Transition(id=t)),
+                                 probe=ChangeState.Request(transition=Transition(label="no such transition")))
                 assert r.success, (t, child.tail())
 
             pub = peer.publisher(Image, "/lc/front/image", QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
