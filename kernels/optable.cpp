@@ -59,7 +59,9 @@ void matmul_avxvnni_q8act_k(const MatmulArgs&);
 void matmul_avx512vnni_q8act_k(const MatmulArgs&);
 void matmul_avx512_gemm(const MatmulArgs&);
 void matmul_amx_gemm(const MatmulArgs&);
+void matmul_avx512vnni_q8act_gemm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
+extern const ActPrep kActQ8Blocks;
 void attention_avx2(const AttentionArgs&);
 void attention_avx512(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
@@ -263,6 +265,9 @@ const std::vector<Variant>& registry() {
          nullptr, WLayout::kX8, &kPackP16},
         {EVK_V(matmul, amx_gemm), dequantized_formats(),
          "amxbf16,avx512bf16,avx512f,avx512bw,avx512vl,fma,f16c", nullptr, WLayout::kX8, &kPackP16, &kActBf16x2, 32},
+        {EVK_V(matmul, avx512vnni_q8act_gemm), {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL, DType::Q2_K,
+                                                DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K},
+         "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", nullptr, WLayout::kX8, nullptr, &kActQ8Blocks, 16},
         {EVK_V(matmul, avx2_q8act), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c", &kPackX8},
         {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c,avxvnni",

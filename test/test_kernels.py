@@ -42,7 +42,8 @@ DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the varian
 # Every matmul variant, by how it treats activations. A new variant must be added to one of these.
 FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
 INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8", "avx512vnni_q8act_x8",
-                     "avx512vnni_q8act_x8_ymm", "avx2_q8act_k", "avxvnni_q8act_k", "avx512vnni_q8act_k"}
+                     "avx512vnni_q8act_x8_ymm", "avx2_q8act_k", "avxvnni_q8act_k", "avx512vnni_q8act_k",
+                     "avx512vnni_q8act_gemm"}
 SPLIT_BF16_VARIANTS = {"amx_gemm"}
 SPLIT_BF16_TOL = 6e-5  # of sum |w||x|
 GEMM_VARIANTS = ("avx512_gemm", "amx_gemm")  # the panel GEMMs with p16 and k-block paths of their own

@@ -426,6 +426,59 @@ bool type_named(const char* name, DType* t) {
     return false;
 }
 
+int int_view_block(DType t) {
+    switch (t) {
+    case DType::Q2_K: case DType::Q3_K: case DType::Q6_K: return 16;
+    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0: case DType::IQ4_NL:
+    case DType::Q4_K: case DType::Q5_K: return kQK;
+    default: return 0;
+    }
+}
+
+void int_view_row(DType t, const void* src, int64_t n, uint8_t* q, float* scale, float* offset) {
+    if (t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K)
+        return int_view_row_kquant(t, src, n, q, scale, offset);
+    const float* h2f = half_table().v;
+    const TypeTraits* tt = type_traits(t);
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK; ++ib, q += kQK, blk += tt->block_bytes) {
+        const float d = h2f[load_u16(blk)];  // every one of these blocks starts with d
+        switch (t) {
+        case DType::Q4_0: case DType::Q4_1: case DType::IQ4_NL: {
+            const uint8_t* qs = blk + (t == DType::Q4_1 ? offsetof(BlockQ4_1, qs) : offsetof(BlockQ4_0, qs));
+            for (int j = 0; j < kQK / 2; ++j) {
+                q[j] = qs[j] & 0x0f;
+                q[j + kQK / 2] = qs[j] >> 4;
+            }
+            if (t == DType::IQ4_NL)
+                for (int j = 0; j < kQK; ++j) q[j] = static_cast<uint8_t>(kIQ4NLValues[q[j]] + 128);
+            scale[ib] = d;
+            offset[ib] = t == DType::Q4_0 ? 8.f * d : t == DType::IQ4_NL ? 128.f * d : -h2f[load_u16(blk + offsetof(BlockQ4_1, m))];
+            break;
+        }
+        case DType::Q5_0: case DType::Q5_1: {
+            const size_t at = t == DType::Q5_0 ? offsetof(BlockQ5_0, qh) : offsetof(BlockQ5_1, qh);
+            uint32_t qh;
+            std::memcpy(&qh, blk + at, 4);
+            for (int j = 0; j < kQK; ++j) q[j] = static_cast<uint8_t>(q5_at(blk + at + 4, qh, j));
+            scale[ib] = d;
+            offset[ib] = t == DType::Q5_0 ? 16.f * d : -h2f[load_u16(blk + offsetof(BlockQ5_1, m))];
+            break;
+        }
+        case DType::Q8_0: {
+            const int8_t* qs = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ8_0, qs));
+            for (int j = 0; j < kQK; ++j) q[j] = static_cast<uint8_t>(qs[j] + 128);
+            scale[ib] = d;
+            offset[ib] = 128.f * d;
+            break;
+        }
+        default:
+            std::memset(q, 0, kQK);
+            scale[ib] = offset[ib] = 0.f;
+        }
+    }
+}
+
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     const TypeTraits* tt = type_traits(t);
     if (tt && tt->to_float) {

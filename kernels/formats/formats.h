@@ -109,6 +109,16 @@ void quantize_row_q4_k(const float* x, void* dst, int64_t n);
 void quantize_row_q5_k(const float* x, void* dst, int64_t n);
 void quantize_row_q6_k(const float* x, void* dst, int64_t n);
 void quantize_row_q8_k(const float* x, void* dst, int64_t n);
+// The integer view of a row (the int8 prefill GEMM reads it): each element as an unsigned quant
+// q (0..255) and, per sub-block of int_view_block(t) elements (16: Q2_K, Q3_K, Q6_K; 32: the
+// others), a scale and an offset with x = scale * q - offset, the same product and difference the
+// reference dequantizer rounds (Q4_0: scale d, offset 8d; Q8_0 and IQ4_NL: q + 128, offset 128d; the
+// K-quants: scale d sc, offset dmin m, or 32 / 4 times the scale for Q6_K / Q3_K's signed quants).
+// n a whole number of blocks; scale and offset hold n / int_view_block(t) floats. 0 from
+// int_view_block: t has no integer view (the float formats).
+int int_view_block(DType t);
+void int_view_row(DType t, const void* src, int64_t n, uint8_t* q, float* scale, float* offset);
+void int_view_row_kquant(DType t, const void* src, int64_t n, uint8_t* q, float* scale, float* offset);  // kquants.cpp
 void dequantize_row_q2_k(const void* src, float* dst, int64_t n);
 void dequantize_row_q3_k(const void* src, float* dst, int64_t n);
 void dequantize_row_q4_k(const void* src, float* dst, int64_t n);

@@ -215,6 +215,78 @@ void pack_scales_k3(const int* sc, uint8_t* p) {
 
 // Q2_K: element e = 128 h + 32 t + l (h < 2, t < 4, l < 32) is bits 2t of qs[32 h + l]; its sub-block
 // of 16 is e / 16, whose byte scales[e / 16] holds the scale (low nibble) and min (high nibble).
+void int_view_row_kquant(DType t, const void* src, int64_t n, uint8_t* q, float* scale, float* offset) {
+    const TypeTraits* tt = type_traits(t);
+    const uint8_t* blk = static_cast<const uint8_t*>(src);
+    for (int64_t ib = 0; ib < n / kQK_K; ++ib, q += kQK_K, blk += tt->block_bytes) {
+        switch (t) {
+        case DType::Q2_K: {
+            const float d = fp16_to_fp32(load_u16(blk + offsetof(BlockQ2_K, d)));
+            const float dmin = fp16_to_fp32(load_u16(blk + offsetof(BlockQ2_K, dmin)));
+            const uint8_t* scales = blk + offsetof(BlockQ2_K, scales);
+            const uint8_t* qs = blk + offsetof(BlockQ2_K, qs);
+            for (int e = 0; e < kQK_K; ++e) q[e] = (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+            for (int j = 0; j < 16; ++j) {
+                scale[16 * ib + j] = d * static_cast<float>(scales[j] & 0xf);
+                offset[16 * ib + j] = dmin * static_cast<float>(scales[j] >> 4);
+            }
+            break;
+        }
+        case DType::Q3_K: {
+            const float d = fp16_to_fp32(load_u16(blk + offsetof(BlockQ3_K, d)));
+            const uint8_t* hmask = blk + offsetof(BlockQ3_K, hmask);
+            const uint8_t* qs = blk + offsetof(BlockQ3_K, qs);
+            for (int e = 0; e < kQK_K; ++e)  // low - 4 (1 - high) + 4
+                q[e] = static_cast<uint8_t>(((qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3) |
+                                            (((hmask[e % 32] >> (e / 32)) & 1) << 2));
+            for (int j = 0; j < 16; ++j) {
+                const float dl = d * static_cast<float>(scale_k3(blk + offsetof(BlockQ3_K, scales), j));
+                scale[16 * ib + j] = dl;
+                offset[16 * ib + j] = 4.f * dl;
+            }
+            break;
+        }
+        case DType::Q4_K: case DType::Q5_K: {
+            const bool five = t == DType::Q5_K;
+            const float d = fp16_to_fp32(load_u16(blk));
+            const float dmin = fp16_to_fp32(load_u16(blk + 2));
+            const uint8_t* scales = blk + 4;
+            const uint8_t* qh = five ? blk + offsetof(BlockQ5_K, qh) : nullptr;
+            const uint8_t* qs = blk + (five ? offsetof(BlockQ5_K, qs) : offsetof(BlockQ4_K, qs));
+            for (int j = 0; j < 8; ++j) {
+                int sc, m;
+                scale_min_k4(scales, j, &sc, &m);
+                scale[8 * ib + j] = d * static_cast<float>(sc);
+                offset[8 * ib + j] = dmin * static_cast<float>(m);
+                for (int l = 0; l < 32; ++l)
+                    q[32 * j + l] = static_cast<uint8_t>(((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xf) |
+                                                         (five ? ((qh[l] >> j) & 1) << 4 : 0));
+            }
+            break;
+        }
+        case DType::Q6_K: {
+            const float d = fp16_to_fp32(load_u16(blk + offsetof(BlockQ6_K, d)));
+            const uint8_t* ql = blk + offsetof(BlockQ6_K, ql);
+            const uint8_t* qh = blk + offsetof(BlockQ6_K, qh);
+            const int8_t* scales = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ6_K, scales));
+            for (int e = 0; e < kQK_K; ++e) {
+                const int h = e / 128, r = e % 128;
+                q[e] = static_cast<uint8_t>(((ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xf) |
+                                            (((qh[32 * h + r % 32] >> (2 * (r / 32))) & 3) << 4));
+            }
+            for (int j = 0; j < 16; ++j) {
+                const float dl = d * static_cast<float>(scales[j]);
+                scale[16 * ib + j] = dl;
+                offset[16 * ib + j] = 32.f * dl;
+            }
+            break;
+        }
+        default:
+            std::memset(q, 0, kQK_K);
+        }
+    }
+}
+
 void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
     const uint8_t* blk = static_cast<const uint8_t*>(src);
     for (int64_t ib = 0; ib < n / kQK_K; ++ib, dst += kQK_K, blk += sizeof(BlockQ2_K)) {
