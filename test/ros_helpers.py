@@ -409,8 +409,10 @@ class RosPeer:
 
     @staticmethod
     def call(client: Any, request: Any, timeout: float = 120.0, probe: Any = None) -> Any:
-        """One service call, after connect(client, probe) (probe: the request itself when it is
-        safe to send twice), then waits for the response."""
+        """One service call, after connect(client, probe), then waits for the response. probe
+        None sends the request itself first: only for a request that changes nothing and logs
+        nothing (GetState); a request that does (set_parameters, Ask, a transition) needs its own
+        side-effect-free probe."""
         RosPeer.connect(client, request if probe is None else probe, min(timeout, 30.0))
         return RosPeer.wait_future(client.call_async(request), timeout, client.srv_name)
 
@@ -423,7 +425,8 @@ class RosPeer:
         try:
             request = SetParameters.Request()
             request.parameters = [Parameter(k, value=v).to_parameter_msg() for k, v in values.items()]
-            return list(self.call(client, request, timeout).results)
+            # The probe: no parameters (answered with no results, nothing logged or changed).
+            return list(self.call(client, request, timeout, probe=SetParameters.Request()).results)
         finally:
             self.node.destroy_client(client)
 
