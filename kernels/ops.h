@@ -54,6 +54,12 @@ constexpr int64_t kMatmulScratchRows = 49;
 // The cache holds kv_type elements: F32, F16, or Q8_0 (blocks of 32 along the head, ggml's layout);
 // for F16 and Q8_0 head_dim is a multiple of 32 and at most kMaxAttentionHeadDim, and the strides
 // are multiples of 32 (a row's blocks never straddle two heads).
+// Several query tokens at consecutive positions (n_tok > 1, a prefill chunk): token t's heads are
+// at q + t * tok_stride (outputs at out + t * tok_stride) and attend keys [lo_t, n_kv + t), lo_t =
+// max(0, n_kv + t - window) with a sliding window (window > 0), else 0; scores then holds n_tok *
+// n_q * (n_kv + n_tok - 1) floats. Each token's result is bitwise the one of its own call
+// (attention_token): a variant with a path for several tokens reuses each key and value row it
+// reads for all of them; the others run attention_token's calls one by one.
 struct AttentionArgs {
     const float* q;
     const void* k;  // n_kv rows, k_stride elements of kv_type apart
@@ -67,7 +73,14 @@ struct AttentionArgs {
     DType kv_type = DType::F32;
     int64_t n_q = 1;       // query heads sharing this kv head
     int64_t q_stride = 0;  // floats from one query head (and its output) to the next
+    int64_t n_tok = 1;      // query tokens at consecutive positions
+    int64_t tok_stride = 0;  // floats from one token's query heads (and outputs) to the next
+    int64_t window = 0;      // > 0: token t attends at most the last `window` keys up to its own
 };
+// The first key token t of a call attends (AttentionArgs, n_tok).
+constexpr int64_t attention_first_key(const AttentionArgs& a, int64_t t) {
+    return a.window > 0 && a.n_kv + t > a.window ? a.n_kv + t - a.window : 0;
+}
 constexpr int64_t kMaxAttentionHeadDim = 512;
 constexpr int64_t kMaxAttentionGroup = 16;
 // Whether a cache of type t can hold heads of head_dim values (F32 any; F16 / Q8_0 as above).
@@ -81,6 +94,22 @@ constexpr size_t kv_bytes(DType t, int64_t n) {
 // Bytes of one block of 32 cached values: F16 64, Q8_0 34 (an fp16 scale d, then 32 int8).
 constexpr size_t kv_block_bytes(DType t) { return kv_bytes(t, kQK); }
 using AttentionFn = void (*)(const AttentionArgs&);
+// Token t of a call over several tokens as a call of its own (n_tok = 1: its keys from lo_t).
+inline AttentionArgs attention_token(const AttentionArgs& a, int64_t t) {
+    AttentionArgs one = a;
+    const int64_t lo = attention_first_key(a, t);
+    one.q = a.q + t * a.tok_stride;
+    one.out = a.out + t * a.tok_stride;
+    one.k = static_cast<const uint8_t*>(a.k) + kv_bytes(a.kv_type, lo * a.k_stride);
+    one.v = static_cast<const uint8_t*>(a.v) + kv_bytes(a.kv_type, lo * a.v_stride);
+    one.n_kv = a.n_kv + t - lo;
+    one.n_tok = 1, one.tok_stride = 0, one.window = 0;
+    return one;
+}
+// A call over several tokens as one call of `single` per token (variants without a path of their own).
+inline void attention_each_token(const AttentionArgs& a, AttentionFn single) {
+    for (int64_t t = 0; t < a.n_tok; ++t) single(attention_token(a, t));
+}
 
 // Element-wise operators with more than one variant (the exp-based ones).
 using SoftmaxFn = void (*)(float* x, int64_t n, float scale);  // x = softmax(scale * x), max-subtracted

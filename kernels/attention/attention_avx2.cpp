@@ -288,6 +288,7 @@ EV_AVX2 void attend_blocks(const AttentionArgs& a) {
 // The 1 / sum normalization is applied once per output element, at the end. The query heads of a
 // group share every key and value row read (attend).
 EV_AVX2 void attention_avx2(const AttentionArgs& args) {
+    if (args.n_tok > 1) return attention_each_token(args, attention_avx2);  // 16 ymm registers: one token at a time
     const AttentionArgs a = args;  // a local copy: stores to scores cannot alias its fields
     if (a.n_kv <= 0) {  // no keys: zeros, as the reference writes
         for (int64_t g = 0; g < a.n_q; ++g)

@@ -166,6 +166,7 @@ void attend(const AttentionArgs& a) {
 }  // namespace
 
 void attention_neon(const AttentionArgs& a) {
+    if (a.n_tok > 1) return attention_each_token(a, attention_neon);
     if (a.n_kv <= 0) {  // no keys: zeros, as the reference writes
         for (int64_t g = 0; g < a.n_q; ++g)
             for (int64_t d = 0; d < a.head_dim; ++d) a.out[g * a.q_stride + d] = 0.f;

@@ -42,8 +42,10 @@ void attend_one(const AttentionArgs& a) {
 
 }  // namespace
 
-// The query heads of a group one after the other, each reading every key and value row.
+// The query heads of a group one after the other, each reading every key and value row; several
+// tokens one after the other.
 void attention_ref(const AttentionArgs& args) {
+    if (args.n_tok > 1) return attention_each_token(args, attention_ref);
     for (int64_t g = 0; g < args.n_q; ++g) {
         AttentionArgs a = args;
         a.q = args.q + g * args.q_stride;

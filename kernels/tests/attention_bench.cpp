@@ -4,6 +4,10 @@
 // SmolLM2-135M (30 layers, 3 kv heads, 3 query heads each, head_dim 64, the cache row 3 heads wide);
 // --hd 256 --kvh 1 --group 4 --layers 18 is Gemma 3 270M. Reports the median thread-CPU time of a
 // token's attention, the two variants alternated sample by sample, and the bytes the cache holds.
+// --tokens N (prefill): the attention of an N-token prompt from position 0 over a float cache, in
+// calls of --tile tokens (AttentionArgs::n_tok) against calls of one token, the same variant (--a);
+// reports the median thread-CPU time of the prompt's attention and its GFLOP/s (4 hd flops a
+// query-key pair: the scores and the weighted sum).
 // Build with the extension's flags and run, from the repository root:
 //   g++ -std=c++17 -O3 -fno-math-errno -pthread -Inative -Ikernels -DEVK_DEFAULT_OPTABLE='""' kernels/tests/attention_bench.cpp
 //       $(python -c 'import buildinfo; print(" ".join(buildinfo.sources(kernels_only=True)))') -o /tmp/attbench
@@ -28,10 +32,52 @@ double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+// The attention of a `tokens`-token prompt (causal, from position 0; queries and cache head-major
+// per layer), in calls of `tile` tokens against calls of one, alternated sample by sample.
+int prefill(AttentionFn fn, const std::string& name, int64_t tokens, int64_t tile, int64_t hd, int64_t kvh,
+            int64_t group, int64_t layers, int reps, std::mt19937& rng) {
+    std::normal_distribution<float> nd;
+    const int64_t qd = kvh * group * hd;
+    std::vector<float> q(tokens * qd), out(tokens * qd), scores(std::max<int64_t>(tile, 1) * group * (tokens + tile));
+    std::vector<float> kc(layers * kvh * tokens * hd), vc(kc.size());
+    for (float& e : q) e = nd(rng);
+    for (float& e : kc) e = nd(rng);
+    for (float& e : vc) e = nd(rng);
+    auto prompt = [&](int64_t n_tok) {
+        for (int64_t l = 0; l < layers; ++l)
+            for (int64_t h = 0; h < kvh; ++h) {
+                const float* k = kc.data() + (l * kvh + h) * tokens * hd;
+                const float* v = vc.data() + (l * kvh + h) * tokens * hd;
+                for (int64_t t = 0; t < tokens; t += n_tok) {
+                    AttentionArgs a{q.data() + t * qd + h * group * hd, k, v, hd, hd, t + 1, hd, 0.125f,
+                                    out.data() + t * qd + h * group * hd, scores.data(), DType::F32, group, hd};
+                    a.n_tok = std::min(n_tok, tokens - t), a.tok_stride = qd;
+                    fn(a);
+                }
+            }
+    };
+    std::vector<double> t1, tn;
+    for (int r = 0; r < reps; ++r)
+        for (int k = 0; k < 2; ++k) {
+            const bool one_first = (r + k) % 2 == 0;
+            const double t0 = cpu_seconds();
+            prompt(one_first ? 1 : tile);
+            (one_first ? t1 : tn).push_back(cpu_seconds() - t0);
+        }
+    const double flops = 4.0 * hd * layers * kvh * group * (tokens * (tokens + 1) / 2);
+    const double m1 = median(t1), mn = median(tn);
+    std::printf("%s, prompt of %lld tokens, %lld layers x %lld kv heads x %lld query heads, head_dim %lld, median of %d:\n"
+                "  1 token a call: %8.2f ms (%5.1f GFLOP/s)   %lld tokens a call: %8.2f ms (%5.1f GFLOP/s)   x%.2f\n",
+                name.c_str(), static_cast<long long>(tokens), static_cast<long long>(layers), static_cast<long long>(kvh),
+                static_cast<long long>(group), static_cast<long long>(hd), reps, m1 * 1e3, flops / m1 / 1e9,
+                static_cast<long long>(tile), mn * 1e3, flops / mn / 1e9, m1 / mn);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    int64_t ctx = 1024, hd = 64, kvh = 3, group = 3, layers = 30;
+    int64_t ctx = 1024, hd = 64, kvh = 3, group = 3, layers = 30, tokens = 0, tile = 6;
     int reps = 11;
     std::string va = "avx2", vb = "avx512";
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -43,6 +89,8 @@ int main(int argc, char** argv) {
         else if (k == "--group") group = x;
         else if (k == "--layers") layers = x;
         else if (k == "--reps") reps = static_cast<int>(x);
+        else if (k == "--tokens") tokens = x;
+        else if (k == "--tile") tile = x;
         else if (k == "--a") va = argv[i + 1];
         else if (k == "--b") vb = argv[i + 1];
         else {
@@ -57,6 +105,7 @@ int main(int argc, char** argv) {
     }
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
+    if (tokens > 0) return prefill(fa, va, tokens, tile, hd, kvh, group, layers, reps, rng);
     const int64_t row = kvh * hd;  // one position's keys of a layer (head-major here: a head's rows contiguous)
     std::vector<float> q(group * hd), out(group * hd), scores(group * ctx);
     for (float& e : q) e = nd(rng);

@@ -566,6 +566,45 @@ int main() {
                                                 std::to_string(g) + " n_kv=" + std::to_string(n_kv) + " d=" + std::to_string(d) +
                                                 (same ? ": wrote between heads" : ": a head differs from its call alone"));
                     }
+        // Several query tokens in one call (n_tok > 1, a prefill chunk; with and without a sliding
+        // window): each token's output bitwise the one of its own call (attention_token), the gaps
+        // between heads and tokens untouched; every cache type, head sizes on and off the 16-lane
+        // path (a multiple of 64), row counts across its passes of 6 (tokens x heads).
+        for (DType kt : {DType::F32, DType::F16, DType::Q8_0})
+            for (int64_t g : {1, 3, 4})
+                for (int64_t n_tok : {2, 5, 8})
+                    for (int64_t n_kv : {1, 7, 64, 70})
+                        for (int64_t window : {0, 3, 9, 66})
+                            for (int64_t d : {32, 64, 256}) {
+                                const int64_t st = 2 * d, qs = d + 32, ts = g * qs + 16, keys = n_kv + n_tok - 1;
+                                std::vector<float> q(n_tok * ts), kf(keys * st), vf(keys * st), og(n_tok * ts, 7.f), o1(d);
+                                std::vector<float> sc(n_tok * g * keys);
+                                for (float& e : q) e = nd(rng);
+                                for (float& e : kf) e = nd(rng);
+                                for (float& e : vf) e = nd(rng);
+                                std::vector<uint8_t> kc(kv_bytes(kt, keys * st)), vc(kc.size());
+                                type_traits(kt)->from_float(kf.data(), kc.data(), keys * st);
+                                type_traits(kt)->from_float(vf.data(), vc.data(), keys * st);
+                                const size_t head = kv_bytes(kt, d);
+                                AttentionArgs a{q.data(), kc.data() + head, vc.data() + head, st, st, n_kv, d, 0.125f, og.data(),
+                                                sc.data(), kt, g, qs, n_tok, ts, window};
+                                fn(a);
+                                bool same = true, gaps = true;
+                                for (int64_t t = 0; t < n_tok; ++t)
+                                    for (int64_t h = 0; h < g; ++h) {
+                                        AttentionArgs one = attention_token(a, t);
+                                        one.q += h * qs, one.out = o1.data(), one.n_q = 1, one.q_stride = 0;
+                                        fn(one);
+                                        same = same && std::memcmp(o1.data(), og.data() + t * ts + h * qs, d * sizeof(float)) == 0;
+                                        for (int64_t i = d; i < qs; ++i) gaps = gaps && og[t * ts + h * qs + i] == 7.f;
+                                    }
+                                for (int64_t t = 0; t < n_tok; ++t)
+                                    for (int64_t i = g * qs; i < ts; ++i) gaps = gaps && og[t * ts + i] == 7.f;
+                                check(same && gaps, "attention/" + v.name + " kv " + type_traits(kt)->name + " " + std::to_string(n_tok) +
+                                                        " tokens of " + std::to_string(g) + " heads, n_kv=" + std::to_string(n_kv) +
+                                                        " window=" + std::to_string(window) + " d=" + std::to_string(d) +
+                                                        (same ? ": wrote between rows" : ": a token differs from its call alone"));
+                            }
     }
     // Exp-based element-wise variants against the reference, on awkward sizes (SIMD tails) and
     // large magnitudes. Tolerance: relative 2e-6 of the reference, plus 1e-35 for results the

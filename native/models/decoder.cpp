@@ -11,6 +11,10 @@ namespace evn {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Query rows (tokens x query heads) of one prefill attention call: the AVX-512 kernel works
+// through them 6 at a time, each key and value row read once for all (causal_attention).
+constexpr int64_t kAttentionRows = 24;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // The architecture is looked up first: an unsupported one is refused as such, before any of its
@@ -128,9 +132,10 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
     alloc(s_.hb, b * cfg_.n_ff);
     alloc(s_.hb2, b * cfg_.n_ff);
     alloc(s_.rope_cs, b * cfg_.rope_dims);
-    // Per thread: the scores of the query heads of one causal_attention call (at most a group, at
-    // most kMaxAttentionGroup) over the context.
-    alloc(s_.scores, static_cast<int64_t>(compute_.threads()) * std::min(cfg_.n_head / cfg_.n_head_kv, evk::kMaxAttentionGroup) * n_ctx_);
+    // Per thread: the scores of the query rows of one causal_attention call (tokens x query heads:
+    // at most kAttentionRows, or one group's heads, at most kMaxAttentionGroup) over the context.
+    alloc(s_.scores, static_cast<int64_t>(compute_.threads()) *
+                         std::max(kAttentionRows, std::min(cfg_.n_head / cfg_.n_head_kv, evk::kMaxAttentionGroup)) * n_ctx_);
     alloc(next_logits_, cfg_.n_vocab);
     alloc(spec_logits_, (1 + kMaxDraft) * cfg_.n_vocab);
     int64_t kv_bytes = 0, rec_floats = 0;
@@ -250,20 +255,30 @@ static int64_t attention_parts(int64_t group, int64_t n_tokens, int64_t n_kv_hea
     return std::min(parts, group);
 }
 
-// Grouped-query attention for the chunk's queries; work items are (token, kv head, part of its
-// group): one attention call per item, its query heads sharing each key and value row read
-// (AttentionArgs::n_q). A head's result does not depend on the grouping.
+// Tokens of one attention call: as many as keep the call's query rows within kAttentionRows,
+// while the calls still number 4 per thread (the later tokens of a chunk cost more: causal).
+static int64_t attention_tokens(int64_t rows_per_token, int64_t n_tokens, int64_t items_per_token, int64_t threads) {
+    int64_t tile = std::max<int64_t>(1, std::min(n_tokens, kAttentionRows / rows_per_token));
+    while (tile > 1 && (n_tokens + tile - 1) / tile * items_per_token < 4 * threads) tile = (tile + 1) / 2;
+    return tile;
+}
+
+// Grouped-query attention for the chunk's queries; work items are (tokens, kv head, part of its
+// group): one attention call per item, its query heads (AttentionArgs::n_q) and in prefill
+// several consecutive tokens (n_tok) sharing each key and value row read. A head's result does not
+// depend on the grouping, a token's not on the tokens beside it (the kernels' contract).
 void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& ch, int64_t window, float scale) {
     const DecoderConfig& cfg = c.cfg;
     const evk::AttentionFn fn = c.compute.ops().attention;
     const int64_t hd = cfg.head_dim, qd = cfg.q_dim();
     const int64_t n_kvh = cfg.n_head_kv, group = cfg.n_head / n_kvh;
     const int64_t parts = attention_parts(group, ch.n, n_kvh, c.compute.threads());
-    const int64_t per_token = n_kvh * parts;
+    const int64_t per_tile = n_kvh * parts;
+    const int64_t tile = attention_tokens((group + parts - 1) / parts, ch.n, per_tile, c.compute.threads());
     const int64_t scores_per_thread = static_cast<int64_t>(c.s.scores.size()) / c.compute.threads();
     if (scale == 0.f) scale = 1.f / std::sqrt(static_cast<float>(hd));
     auto body = [&](int64_t item, int t) {
-        const int64_t tok = item / per_token, kvh = item % per_token / parts, part = item % parts;
+        const int64_t tok = item / per_tile * tile, kvh = item % per_tile / parts, part = item % parts;
         const int64_t h0 = kvh * group + part * group / parts, h1 = kvh * group + (part + 1) * group / parts;
         const int64_t end = ch.pos0 + tok + 1, begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
         evk::AttentionArgs a{};
@@ -279,9 +294,12 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
         a.n_q = h1 - h0;
         a.q_stride = hd;
         a.scores = c.s.scores.data() + static_cast<int64_t>(t) * scores_per_thread;
+        a.n_tok = std::min(tile, ch.n - tok);
+        a.tok_stride = qd;
+        a.window = window;
         fn(a);
     };
-    c.compute.pool().run(ch.n * per_token, body);
+    c.compute.pool().run((ch.n + tile - 1) / tile * per_tile, body);
 }
 
 namespace {
