@@ -22,6 +22,7 @@
     X(layernorm, LayerNormFn)   \
     X(rope, RopeFn)             \
     X(add, AddFn)               \
+    X(argmax, ArgmaxFn)         \
     X(causal_conv1d, CausalConv1dFn) \
     X(delta_rule, DeltaRuleFn)  \
     X(l2norm, L2NormFn)         \

@@ -132,6 +132,9 @@ using LayerNormFn = void (*)(const float* x, const float* w, const float* b, flo
 using RopeFn = void (*)(float* x, int64_t n_heads, int64_t head_dim, int64_t rope_dims, const float* cs, bool neox);
 // a += b. The same signature as SiluMulFn: the registry names the operator of every variant.
 using AddFn = void (*)(float* a, const float* b, int64_t n);
+// The index of the first maximum of x[0, n), a NaN counting as larger than any number (the first
+// NaN wins), as numpy.argmax and torch.argmax give it; 0 for n <= 0. Greedy decoding's choice.
+using ArgmaxFn = int64_t (*)(const float* x, int64_t n);
 
 // Qwen3.5's Gated DeltaNet (Yang et al. 2024, "Gated Delta Networks"; kernels/deltanet/).
 // Depthwise causal conv1d with SiLU over n_tokens rows of `channels` values (x_stride / y_stride

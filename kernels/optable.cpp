@@ -33,6 +33,7 @@ void rmsnorm_neon(const float*, const float*, float*, int64_t, float);
 void layernorm_neon(const float*, const float*, const float*, float*, int64_t, float);
 void rope_neon(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_neon(float*, const float*, int64_t);
+int64_t argmax_neon(const float*, int64_t);
 void gelu_mul_neon(float*, const float*, int64_t);
 void causal_conv1d_neon(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, float*, int64_t);
 void delta_rule_neon(float*, const float*, const float*, int64_t, const float*, int64_t, const float*, const float*,
@@ -72,6 +73,7 @@ void rmsnorm_avx2(const float*, const float*, float*, int64_t, float);
 void layernorm_avx2(const float*, const float*, const float*, float*, int64_t, float);
 void rope_avx2(float*, int64_t, int64_t, int64_t, const float*, bool);
 void add_avx2(float*, const float*, int64_t);
+int64_t argmax_avx2(const float*, int64_t);
 void causal_conv1d_avx2(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, float*, int64_t);
 void delta_rule_avx2(float*, const float*, const float*, int64_t, const float*, int64_t, const float*, const float*,
                      int64_t, int64_t, int64_t, int64_t, float*, int64_t);
@@ -244,6 +246,7 @@ const std::vector<Variant>& registry() {
         {EVK_V(layernorm, neon), {}, "neon"},
         {EVK_V(rope, neon), {}, "neon"},
         {EVK_V(add, neon), {}, "neon"},
+        {EVK_V(argmax, neon), {}, "neon"},
         {EVK_V(gelu_mul, neon), {}, "neon"},
         {EVK_V(causal_conv1d, neon), {}, "neon"},
         {EVK_V(delta_rule, neon), {}, "neon"},
@@ -289,6 +292,7 @@ const std::vector<Variant>& registry() {
         {EVK_V(layernorm, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(rope, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(add, avx2), {}, "avx2,fma,f16c"},
+        {EVK_V(argmax, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(causal_conv1d, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(delta_rule, avx2), {}, "avx2,fma,f16c"},
         {EVK_V(l2norm, avx2), {}, "avx2,fma,f16c"},

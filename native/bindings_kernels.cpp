@@ -369,6 +369,16 @@ void register_kernel_bindings(py::module_& m) {
         return out;
     }, py::arg("op"), py::arg("variant"), py::arg("x"), py::arg("b") = py::none(), py::arg("scale") = 1.f);
 
+    // argmax of x (flattened) by a named variant: the first maximum, the first NaN if any.
+    m.def("kernel_argmax", [](const std::string& variant, py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        int64_t at = 0;
+        run_variant("argmax operator", "argmax", variant, [&](evk::ArgmaxFn fn) {
+            py::gil_scoped_release nogil;
+            at = fn(x.data(), x.size());
+        });
+        return at;
+    }, py::arg("variant"), py::arg("x"), "Index of the first maximum of x (NumPy's argmax, NaN included) by a named variant.");
+
     // rmsnorm or layernorm of each row of x (2-D, or 1-D: one row) by a named variant ('ref', 'best'
     // or a variant name): w (and for layernorm the optional b) as long as a row.
     m.def("kernel_norm", [](const std::string& op, const std::string& variant,

@@ -138,7 +138,7 @@ def test_every_variant_is_classified_and_best_is_not_ref() -> None:
     assert not unclassified, f"add {unclassified} to FLOAT_ACT_VARIANTS, INT8_ACT_VARIANTS or SPLIT_BF16_VARIANTS"
     chosen = _engine.kernel_variants()
     assert set(chosen) == {f"matmul/{t}/{p}" for t in _engine.weight_formats() for p in ("decode", "prefill")} | {
-        "attention", "softmax", "gelu_tanh", "silu_mul", "gelu_mul", "rmsnorm", "layernorm", "rope", "add",
+        "attention", "softmax", "gelu_tanh", "silu_mul", "gelu_mul", "rmsnorm", "layernorm", "rope", "add", "argmax",
         "causal_conv1d", "delta_rule", "l2norm", "rmsnorm_gated", "sigmoid_mul"}
     for key, name in chosen.items():
         if key.startswith("matmul/"):
@@ -1048,6 +1048,29 @@ def test_add_variants_are_exact() -> None:
             assert same_bits(got, want), (variant, n)
         if chosen != "ref":
             assert chosen in ew_variants("add")
+
+
+def test_argmax_variants_match_numpy() -> None:
+    """Greedy decoding's choice: numpy.argmax's index exactly (the first of equal maxima, the first
+    NaN if any), on sizes across the vector steps and a vocabulary's (Gemma 3: 262 144 logits)."""
+    rng = np.random.default_rng(11)
+    chosen = _engine.kernel_variants()["argmax"]
+    for n in (1, 7, 8, 9, 31, 32, 33, 65, 1000, 4097, 262_144):
+        cases = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+        cases.append(np.round(cases[0] * 2))  # ties
+        cases.append(np.where(np.arange(n) % 3 == 0, np.float32(0.0), np.float32(-0.0)))
+        cases.append(np.full(n, -np.inf, np.float32))
+        last = cases[1].copy()
+        last[-1] = 50.0
+        cases.append(last)
+        with_nan = cases[2].copy()
+        with_nan[rng.integers(0, n, 2)] = np.nan
+        cases.append(with_nan)
+        for x in cases:
+            for variant in ["ref", "best", *ew_variants("argmax")]:
+                assert _engine.kernel_argmax(variant, x) == int(np.argmax(x)), (variant, n)
+    if chosen != "ref":
+        assert chosen in ew_variants("argmax")
 
 
 def test_norm_argument_checks() -> None:

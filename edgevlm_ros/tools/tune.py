@@ -327,6 +327,8 @@ def measure_all(cfg: TuneConfig) -> tuple[list[Measure], dict[str, dict[str, flo
                         _engine.kernel_elementwise(op, name, x, b)
                     elif op == "l2norm":
                         _engine.kernel_l2norm(name, x)
+                    elif op == "argmax":
+                        _engine.kernel_argmax(name, x)
                     elif op == "rmsnorm_gated":
                         _engine.kernel_rmsnorm_gated(name, x, w_row, b)
                     elif op == "causal_conv1d":

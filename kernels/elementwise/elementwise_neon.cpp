@@ -31,6 +31,39 @@ void add_neon(float* a, const float* b, int64_t n) {
     for (; i < n; ++i) a[i] += b[i];
 }
 
+// The first maximum (argmax_ref's): the largest value over 4 independent vector chains (a NaN
+// noted on the way sends the search to the first NaN instead), then the first index holding it.
+int64_t argmax_neon(const float* x, int64_t n) {
+    if (n <= 0) return 0;
+    float32x4_t m0 = vdupq_n_f32(x[0]), m1 = m0, m2 = m0, m3 = m0;
+    uint32x4_t ok = vdupq_n_u32(0xffffffffu);  // lanes that saw no NaN
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const float32x4_t a = vld1q_f32(x + i), b = vld1q_f32(x + i + 4), c = vld1q_f32(x + i + 8), d = vld1q_f32(x + i + 12);
+        m0 = vmaxnmq_f32(m0, a), m1 = vmaxnmq_f32(m1, b), m2 = vmaxnmq_f32(m2, c), m3 = vmaxnmq_f32(m3, d);
+        ok = vandq_u32(ok, vandq_u32(vandq_u32(vceqq_f32(a, a), vceqq_f32(b, b)), vandq_u32(vceqq_f32(c, c), vceqq_f32(d, d))));
+    }
+    float mx = vmaxnmvq_f32(vmaxnmq_f32(vmaxnmq_f32(m0, m1), vmaxnmq_f32(m2, m3)));
+    bool any_nan = vminvq_u32(ok) == 0 || x[0] != x[0];
+    for (; i < n; ++i) {
+        any_nan = any_nan || x[i] != x[i];
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    if (any_nan) {
+        for (int64_t j = 0; j < n; ++j)
+            if (x[j] != x[j]) return j;
+    }
+    const float32x4_t vm = vdupq_n_f32(mx);
+    for (i = 0; i + 16 <= n; i += 16) {
+        const uint32x4_t h = vorrq_u32(vorrq_u32(vceqq_f32(vld1q_f32(x + i), vm), vceqq_f32(vld1q_f32(x + i + 4), vm)),
+                                       vorrq_u32(vceqq_f32(vld1q_f32(x + i + 8), vm), vceqq_f32(vld1q_f32(x + i + 12), vm)));
+        if (vmaxvq_u32(h) != 0) break;  // the first hit is among these 16
+    }
+    for (; i < n; ++i)
+        if (x[i] == mx) return i;
+    return 0;  // not reached: mx is one of the elements
+}
+
 // a = gelu_tanh(a) * b (GeGLU); the tail (n % 4) through a 4-float copy with the same arithmetic.
 void gelu_mul_neon(float* a, const float* b, int64_t n) {
     int64_t i = 0;

@@ -42,4 +42,13 @@ void add_ref(float* a, const float* b, int64_t n) {
     for (int64_t i = 0; i < n; ++i) a[i] += b[i];
 }
 
+int64_t argmax_ref(const float* x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (x[i] != x[i]) return i;  // the first NaN
+        if (x[i] > x[best]) best = i;
+    }
+    return best;
+}
+
 }  // namespace evk

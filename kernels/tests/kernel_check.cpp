@@ -666,6 +666,26 @@ int main() {
     const int64_t norm_sizes[] = {1, 7, 8, 9, 31, 33, 63, 64, 65, 576, 577, 768, 1000, 4097};
     const double u = std::ldexp(1.0, -24);
     const float guard = 12345.f;
+    // argmax: the reference's index exactly, on sizes across the vector steps, with ties (rounded
+    // values), the maximum at either end, signed zeros, NaNs anywhere (the first one wins), all -inf.
+    for (const VariantInfo& v : list_variants()) {
+        if (!v.available || v.op != "argmax") continue;
+        int bad = 0, cases = 0;
+        for (int64_t n : norm_sizes)
+            for (int kind = 0; kind < 7; ++kind) {
+                std::vector<float> x(n);
+                for (float& e : x) e = nd(rng);
+                if (kind == 1) for (float& e : x) e = std::round(e);
+                if (kind == 2) x[n - 1] = 100.f;
+                if (kind == 3) x[0] = 100.f;
+                if (kind == 4) for (int64_t i = 0; i < n; ++i) x[i] = i % 3 ? -0.f : 0.f;
+                if (kind == 5) x[static_cast<size_t>(rng() % n)] = NAN, x[static_cast<size_t>(rng() % n)] = NAN;
+                if (kind == 6) std::fill(x.begin(), x.end(), -INFINITY);
+                ++cases;
+                bad += argmax_variant(v.name)(x.data(), n) != argmax_ref(x.data(), n);
+            }
+        check(bad == 0, "argmax/" + v.name + ": " + std::to_string(bad) + " of " + std::to_string(cases) + " differ from the reference");
+    }
     for (const VariantInfo& v : list_variants()) {
         if (!v.available || v.name == "ref") continue;
         if (v.op == "rmsnorm" || v.op == "layernorm" || v.op == "add") {

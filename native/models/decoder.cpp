@@ -464,7 +464,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         // Greedy: the first maximum wins ties, as torch.argmax does (among the allowed tokens).
         const int32_t next = constraint
             ? constraint->choose(logits, V, stop_ids)
-            : static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
+            : static_cast<int32_t>(compute_.ops().argmax(logits, V));
         if (next < 0) {
             out.stop_reason = "complete";
             break;
