@@ -35,8 +35,8 @@ def registry_entries() -> list[tuple[str, str]]:
 def definitions() -> dict[str, list[Path]]:
     """Function name -> the kernels/ library files that define it (a definition starts a line)."""
     found: dict[str, list[Path]] = {}
-    head = re.compile(r'^(?:EV_\w+ |__attribute__\(\(target\("[^"]*"\)\)\) )?(?:void|float|int64_t) (\w+)\([^;]*?\)\s*\{',
-                      re.MULTILINE)
+    head = re.compile(r'^(?:EV_\w+ |__attribute__\(\(target\("[^"]*"\)\)\) )?'
+                      r'(?:void|float|int64_t) (\w+)\([^;]*?\)\s*\{', re.MULTILINE)
     for path in sorted(KERNELS.rglob("*.cpp")):
         if "tests" in path.parts:
             continue
