@@ -2,6 +2,7 @@
 // Models describe their layers with Weight views and call these helpers; the helpers split work
 // across threads and reach kernels only through the operator table.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -115,6 +116,19 @@ public:
     void matmul_batch(const MatmulJob* jobs, int n_jobs, const float* x, int64_t x_stride, int64_t m, evk::Phase phase);
 
     static evk::Phase phase_for(int64_t n_tokens) { return n_tokens <= evk::kDecodeMaxTokens ? evk::kDecode : evk::kPrefill; }
+
+    // fn(t0, t1) over the token rows [0, n): for the element-wise work of a chunk (norms, rope,
+    // gates, residual adds), whose rows do not depend on each other. A prefill chunk of at least
+    // kRowsParallel tokens is cut into pieces the threads share; fewer tokens (decode) run on the
+    // caller, which a hand-over would cost more than the work. The pieces do not change a bit.
+    static constexpr int64_t kRowsParallel = 32;
+    template <class F>
+    void rows(int64_t n, F&& fn) {
+        if (n < kRowsParallel || pool_.size() == 1) return fn(int64_t{0}, n);
+        const int64_t pieces = std::min<int64_t>(n / 8, 4 * pool_.size()), per = (n + pieces - 1) / pieces;
+        auto body = [&](int64_t i, int) { fn(i * per, std::min(n, (i + 1) * per)); };
+        pool_.run((n + per - 1) / per, body);
+    }
 
     // Scratch of kMatmulScratchRows * max_k floats reserved for thread t.
     float* scratch(int t) {

@@ -94,34 +94,48 @@ public:
         const int64_t hd = cfg.head_dim, rd = cfg.rope_dims;
         const float eps = cfg.rms_eps;
         // attention block: x += post_attn_norm(Wo · attn(rope(q_norm(q)), rope(k_norm(k)), v))
-        for (int64_t t = 0; t < n; ++t) op.rmsnorm(&s.x[t * d], L.attn_norm.data(), &s.xb[t * d], d, eps);
+        Compute& cc = c.compute;
+        cc.rows(n, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) op.rmsnorm(&s.x[t * d], L.attn_norm.data(), &s.xb[t * d], d, eps);
+        });
         const Compute::MatmulJob qkv[3] = {{&L.wq, s.q.data(), qd}, {&L.wk, s.k.data(), kvd}, {&L.wv, s.v.data(), kvd}};
         c.compute.matmul_batch(qkv, 3, s.xb.data(), d, n, ch.phase);
-        for (int64_t t = 0; t < n; ++t) {
-            for (int64_t h = 0; h < cfg.n_head; ++h) {
-                float* q = &s.q[t * qd + h * hd];
-                op.rmsnorm(q, L.q_norm.data(), q, hd, eps);
+        cc.rows(n, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) {
+                for (int64_t h = 0; h < cfg.n_head; ++h) {
+                    float* q = &s.q[t * qd + h * hd];
+                    op.rmsnorm(q, L.q_norm.data(), q, hd, eps);
+                }
+                for (int64_t h = 0; h < cfg.n_head_kv; ++h) {
+                    float* k = &s.k[t * kvd + h * hd];
+                    op.rmsnorm(k, L.k_norm.data(), k, hd, eps);
+                }
+                op.rope(&s.q[t * qd], cfg.n_head, hd, rd, &cs[t * rd], true);
+                op.rope(&s.k[t * kvd], cfg.n_head_kv, hd, rd, &cs[t * rd], true);
             }
-            for (int64_t h = 0; h < cfg.n_head_kv; ++h) {
-                float* k = &s.k[t * kvd + h * hd];
-                op.rmsnorm(k, L.k_norm.data(), k, hd, eps);
-            }
-            op.rope(&s.q[t * qd], cfg.n_head, hd, rd, &cs[t * rd], true);
-            op.rope(&s.k[t * kvd], cfg.n_head_kv, hd, rd, &cs[t * rd], true);
-        }
+        });
         append_kv(c, cache, ch);
         causal_attention(c, cache, ch, local ? window_ : 0, scale_);
         c.compute.matmul(L.wo, s.att.data(), n, s.xb2.data(), ch.phase);
-        for (int64_t t = 0; t < n; ++t) op.rmsnorm(&s.xb2[t * d], L.post_attn_norm.data(), &s.xb2[t * d], d, eps);
-        op.add(s.x.data(), s.xb2.data(), n * d);
+        // x += post_attn_norm(attn), then the feed-forward block's input norm(x), a row at a time
+        cc.rows(n, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) {
+                op.rmsnorm(&s.xb2[t * d], L.post_attn_norm.data(), &s.xb2[t * d], d, eps);
+                op.add(&s.x[t * d], &s.xb2[t * d], d);
+                op.rmsnorm(&s.x[t * d], L.ffn_norm.data(), &s.xb[t * d], d, eps);
+            }
+        });
         // feed-forward block: x += post_ffw_norm(W_down · (gelu(W_gate·norm(x)) * W_up·norm(x)))
-        for (int64_t t = 0; t < n; ++t) op.rmsnorm(&s.x[t * d], L.ffn_norm.data(), &s.xb[t * d], d, eps);
         const Compute::MatmulJob gate_up[2] = {{&L.w_gate, s.hb.data(), ff}, {&L.w_up, s.hb2.data(), ff}};
         c.compute.matmul_batch(gate_up, 2, s.xb.data(), d, n, ch.phase);
-        op.gelu_mul(s.hb.data(), s.hb2.data(), n * ff);
+        cc.rows(n, [&](int64_t t0, int64_t t1) { op.gelu_mul(&s.hb[t0 * ff], &s.hb2[t0 * ff], (t1 - t0) * ff); });
         c.compute.matmul(L.w_down, s.hb.data(), n, s.xb2.data(), ch.phase);
-        for (int64_t t = 0; t < n; ++t) op.rmsnorm(&s.xb2[t * d], L.post_ffw_norm.data(), &s.xb2[t * d], d, eps);
-        op.add(s.x.data(), s.xb2.data(), n * d);
+        cc.rows(n, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) {
+                op.rmsnorm(&s.xb2[t * d], L.post_ffw_norm.data(), &s.xb2[t * d], d, eps);
+                op.add(&s.x[t * d], &s.xb2[t * d], d);
+            }
+        });
     }
 
     std::string variants(const evk::OpTable& op) const override {
