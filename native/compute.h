@@ -95,8 +95,9 @@ public:
 
     // y[t] = W x[t] for t in [0, m); x rows are x_stride floats apart, y rows y_stride.
     // The phase picks the kernel: a forward pass over many tokens is prefill for every one of its
-    // products (the output head over the last token included), so a token's numbers never depend
-    // on how a prompt was split into calls.
+    // layers' products, so a token's numbers never depend on how a prompt was split into calls.
+    // The output head over the prompt's last token alone is a decode product (one token: the
+    // first decode step's, as Decoder::forward_chunk runs it), whatever the chunk.
     void matmul(const Weight& w, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                 evk::Phase phase);
     void matmul(const Weight& w, const float* x, int64_t m, float* y, evk::Phase phase) {

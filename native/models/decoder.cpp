@@ -225,7 +225,11 @@ void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
     if (!logits) return;
     const int64_t first = all_logits ? 0 : n - 1;
     for (int64_t t = first; t < n; ++t) op.rmsnorm(&s_.x[t * d], output_norm_.data(), &s_.xb[t * d], d, cfg_.rms_eps);
-    compute_.matmul(output_, &s_.xb[first * d], d, n - first, logits, cfg_.n_vocab, ch.phase);
+    // The last token's logits alone: one token through the head, bandwidth-bound, the decode
+    // kernel's job (a prefill GEMM expanded Gemma 3's whole 178 MB head to float panels for one
+    // token: ~20 of 45 ms after a prefix cache; docs/kernels/prefill-head.md). Every position's
+    // logits (scoring a prompt) stay a prefill product like the layers'.
+    compute_.matmul(output_, &s_.xb[first * d], d, n - first, logits, cfg_.n_vocab, all_logits ? ch.phase : evk::kDecode);
 }
 
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
