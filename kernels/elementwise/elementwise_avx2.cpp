@@ -102,10 +102,7 @@ EV_AVX2 int64_t argmax_avx2(const float* x, int64_t n) {
         any_nan = any_nan || x[i] != x[i];
         mx = x[i] > mx ? x[i] : mx;
     }
-    if (any_nan) {
-        for (int64_t j = 0; j < n; ++j)
-            if (x[j] != x[j]) return j;
-    }
+    if (any_nan) return argmax_ref(x, n);  // the first NaN
     const __m256 vm = _mm256_set1_ps(mx);
     for (i = 0; i + 32 <= n; i += 32) {
         const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vm, _CMP_EQ_OQ)) |

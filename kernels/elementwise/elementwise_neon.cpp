@@ -49,10 +49,7 @@ int64_t argmax_neon(const float* x, int64_t n) {
         any_nan = any_nan || x[i] != x[i];
         mx = x[i] > mx ? x[i] : mx;
     }
-    if (any_nan) {
-        for (int64_t j = 0; j < n; ++j)
-            if (x[j] != x[j]) return j;
-    }
+    if (any_nan) return argmax_ref(x, n);  // the first NaN
     const float32x4_t vm = vdupq_n_f32(mx);
     for (i = 0; i + 16 <= n; i += 16) {
         const uint32x4_t h = vorrq_u32(vorrq_u32(vceqq_f32(vld1q_f32(x + i), vm), vceqq_f32(vld1q_f32(x + i + 4), vm)),

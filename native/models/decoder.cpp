@@ -625,6 +625,26 @@ void Decoder::restore(const KVSnapshot& s) {
     n_past_ = s.n_past;
 }
 
+void residual_swiglu_ffn(DecoderContext& c, const Chunk& ch, const std::vector<float>& norm, const Weight& w_gate,
+                         const Weight& w_up, const Weight& w_down) {
+    const evk::OpTable& op = c.compute.ops();
+    RunState& s = c.s;
+    const int64_t n = ch.n, d = c.cfg.n_embd, ff = c.cfg.n_ff;
+    const float eps = c.cfg.rms_eps;
+    // x += the mixer's output, then the feed-forward block's input norm(x), a row at a time
+    c.compute.rows(n, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            op.add(&s.x[t * d], &s.xb2[t * d], d);
+            op.rmsnorm(&s.x[t * d], norm.data(), &s.xb[t * d], d, eps);
+        }
+    });
+    const Compute::MatmulJob gate_up[2] = {{&w_gate, s.hb.data(), ff}, {&w_up, s.hb2.data(), ff}};
+    c.compute.matmul_batch(gate_up, 2, s.xb.data(), d, n, ch.phase);
+    c.compute.rows(n, [&](int64_t t0, int64_t t1) { op.silu_mul(&s.hb[t0 * ff], &s.hb2[t0 * ff], (t1 - t0) * ff); });
+    c.compute.matmul(w_down, s.hb.data(), n, s.xb2.data(), ch.phase);
+    c.compute.rows(n, [&](int64_t t0, int64_t t1) { op.add(&s.x[t0 * d], &s.xb2[t0 * d], (t1 - t0) * d); });
+}
+
 std::string layer_variants(const Weight& w) {
     return std::string("layers (") + evk::type_traits(w.type)->name + "): decode=" + w.decode.name + " prefill=" + w.prefill.name;
 }

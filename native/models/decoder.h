@@ -197,6 +197,10 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
                       float scale = 0.f);
 // The chunk's keys and values (s.k, s.v) into the cache at positions pos0 ...
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch);
+// The second half of a pre-norm SwiGLU block: x += s.xb2 (the mixer's output), then
+// x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x)), norm an RMSNorm by `norm` (llama, qwen35).
+void residual_swiglu_ffn(DecoderContext& c, const Chunk& ch, const std::vector<float>& norm, const Weight& w_gate,
+                         const Weight& w_up, const Weight& w_down);
 
 // "layers (<format>): decode=<kernel> prefill=<kernel>" of a layer's weight, for a block's variants().
 std::string layer_variants(const Weight& w);

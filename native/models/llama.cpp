@@ -27,7 +27,7 @@ public:
         const evk::OpTable& op = c.compute.ops();
         RunState& s = c.s;
         const GatedLayerWeights& L = layers_[static_cast<size_t>(l)];
-        const int64_t n = ch.n, d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim(), ff = cfg.n_ff;
+        const int64_t n = ch.n, d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim();
         const int64_t hd = cfg.head_dim, rd = cfg.rope_dims;
         // attention block: x += Wo · attn(rope(Wq·norm(x)), rope(Wk·norm(x)), Wv·norm(x))
         Compute& cc = c.compute;
@@ -35,7 +35,7 @@ public:
             for (int64_t t = t0; t < t1; ++t) op.rmsnorm(&s.x[t * d], L.attn_norm.data(), &s.xb[t * d], d, cfg.rms_eps);
         });
         const Compute::MatmulJob qkv[3] = {{&L.wq, s.q.data(), qd}, {&L.wk, s.k.data(), kvd}, {&L.wv, s.v.data(), kvd}};
-        c.compute.matmul_batch(qkv, 3, s.xb.data(), d, n, ch.phase);
+        cc.matmul_batch(qkv, 3, s.xb.data(), d, n, ch.phase);
         cc.rows(n, [&](int64_t t0, int64_t t1) {
             for (int64_t t = t0; t < t1; ++t) {
                 op.rope(&s.q[t * qd], cfg.n_head, hd, rd, &s.rope_cs[t * rd], false);
@@ -45,19 +45,8 @@ public:
         append_kv(c, cache, ch);
         causal_attention(c, cache, ch);
         c.compute.matmul(L.wo, s.att.data(), n, s.xb2.data(), ch.phase);
-        // x += attn, then the feed-forward block's input norm(x), a row at a time
-        cc.rows(n, [&](int64_t t0, int64_t t1) {
-            for (int64_t t = t0; t < t1; ++t) {
-                op.add(&s.x[t * d], &s.xb2[t * d], d);
-                op.rmsnorm(&s.x[t * d], L.ffn_norm.data(), &s.xb[t * d], d, cfg.rms_eps);
-            }
-        });
-        // feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
-        const Compute::MatmulJob gate_up[2] = {{&L.w_gate, s.hb.data(), ff}, {&L.w_up, s.hb2.data(), ff}};
-        c.compute.matmul_batch(gate_up, 2, s.xb.data(), d, n, ch.phase);
-        cc.rows(n, [&](int64_t t0, int64_t t1) { op.silu_mul(&s.hb[t0 * ff], &s.hb2[t0 * ff], (t1 - t0) * ff); });
-        c.compute.matmul(L.w_down, s.hb.data(), n, s.xb2.data(), ch.phase);
-        cc.rows(n, [&](int64_t t0, int64_t t1) { op.add(&s.x[t0 * d], &s.xb2[t0 * d], (t1 - t0) * d); });
+        // x += attn; feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
+        residual_swiglu_ffn(c, ch, L.ffn_norm, L.w_gate, L.w_up, L.w_down);
     }
 
     std::string variants(const evk::OpTable&) const override { return layer_variants(layers_[0].wq); }

@@ -94,27 +94,15 @@ public:
         const Layer& L = layers_[static_cast<size_t>(l)];
         const evk::OpTable& op = c.compute.ops();
         RunState& s = c.s;
-        const int64_t n = ch.n, d = c.cfg.n_embd, ff = c.cfg.n_ff;
-        Compute& cc = c.compute;
+        const int64_t n = ch.n, d = c.cfg.n_embd;
         const float eps = c.cfg.rms_eps;
-        cc.rows(n, [&](int64_t t0, int64_t t1) {
+        c.compute.rows(n, [&](int64_t t0, int64_t t1) {
             for (int64_t t = t0; t < t1; ++t) op.rmsnorm(&s.x[t * d], L.attn_norm.data(), &s.xb[t * d], d, eps);
         });
         if (L.linear) delta_net(c, L, ch, cache);
         else gated_attention(c, L, ch, cache);
-        // x += the mixer's output, then the feed-forward block's input norm(x), a row at a time
-        cc.rows(n, [&](int64_t t0, int64_t t1) {
-            for (int64_t t = t0; t < t1; ++t) {
-                op.add(&s.x[t * d], &s.xb2[t * d], d);
-                op.rmsnorm(&s.x[t * d], L.post_attn_norm.data(), &s.xb[t * d], d, eps);
-            }
-        });
-        // feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
-        const Compute::MatmulJob gate_up[2] = {{&L.w_gate, s.hb.data(), ff}, {&L.w_up, s.hb2.data(), ff}};
-        c.compute.matmul_batch(gate_up, 2, s.xb.data(), d, n, ch.phase);
-        cc.rows(n, [&](int64_t t0, int64_t t1) { op.silu_mul(&s.hb[t0 * ff], &s.hb2[t0 * ff], (t1 - t0) * ff); });
-        c.compute.matmul(L.w_down, s.hb.data(), n, s.xb2.data(), ch.phase);
-        cc.rows(n, [&](int64_t t0, int64_t t1) { op.add(&s.x[t0 * d], &s.xb2[t0 * d], (t1 - t0) * d); });
+        // x += the mixer's output; feed-forward block: x += W_down · (silu(W_gate·norm(x)) * W_up·norm(x))
+        residual_swiglu_ffn(c, ch, L.post_attn_norm, L.w_gate, L.w_up, L.w_down);
     }
 
     std::string variants(const evk::OpTable& op) const override {
