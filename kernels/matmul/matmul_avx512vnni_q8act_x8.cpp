@@ -102,9 +102,15 @@ EV_AVX512VNNI inline __m256 load_halves(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// A block's lines of the next group into L2, all at once (docs/kernels/decode-x8-avx512.md, "The zmm
+// kernel after the prefetch"). The ymm body now spreads them, one line per weight vector
+// (x8_body.inc's PrefetchLines); this kernel's CPUs (Zen 4) were not available to measure that here.
+EV_AVX512VNNI inline void prefetch_span(const uint8_t* p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
+}
+
 // One group of 8 rows against one token's activations: 8 results (the float work as in x8_body.inc);
-// pf (or nullptr) is the group to prefetch into L2 meanwhile, a block of it per block computed, as
-// the ymm body does (docs/kernels/decode-x8-avx512.md, "The zmm kernel after the prefetch").
+// pf (or nullptr) is the group to prefetch into L2 meanwhile (prefetch_span, a block per block computed).
 template <DType T>
 EV_AVX512VNNI inline __m256 group_dot(const uint8_t* g, const BlockQ8A* y, const ActX8* x, int64_t nb,
                                       const uint8_t* pf) {
@@ -112,7 +118,7 @@ EV_AVX512VNNI inline __m256 group_dot(const uint8_t* g, const BlockQ8A* y, const
     const size_t bb = x8_block_bytes(T);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b, g += bb) {
-        if (pf) x8_evex::prefetch_span(pf + b * bb, bb);
+        if (pf) prefetch_span(pf + b * bb, bb);
         const __m256 dot = _mm256_cvtepi32_ps(block_dot<T>(g + kScales, x[b], y[b].sum));
         const __m256 d = load_halves(g);
         if constexpr (T == DType::Q4_0) {

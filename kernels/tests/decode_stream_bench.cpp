@@ -25,6 +25,7 @@
 #include "../formats/formats.h"
 #include "../matmul/packed_x8.h"
 #include "../ops.h"
+#include "bench_weight.h"
 
 using namespace evk;
 
@@ -51,10 +52,8 @@ int main(int argc, char** argv) {
         return 2;
     }
     DType t{};
-    if (!type_named(argv[1], &t) || !type_traits(t) || !type_traits(t)->from_float) {
-        std::fprintf(stderr, "unknown or unquantizable type %s\n", argv[1]);
-        return 2;
-    }
+    const TypeTraits* tt = bench_type(argv[1], &t);
+    if (!tt) return 2;
     const int64_t rows = std::atoll(argv[2]), k = std::atoll(argv[3]);
     int threads = 2;
     bool cached = false;
@@ -64,23 +63,16 @@ int main(int argc, char** argv) {
         else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
         else variants.emplace_back(argv[i]);
     }
-    const TypeTraits* tt = type_traits(t);
     if (threads < 1 || threads > 64 || rows < 8 * threads || rows % 8 || k < tt->block_size || k % tt->block_size ||
         x8_packed_bytes(t, rows, k) == 0 || variants.empty()) {
         std::fprintf(stderr, "bad arguments (rows a multiple of 8, k of the block, 1-64 threads, a variant)\n");
         return 2;
     }
     const size_t rb = static_cast<size_t>(k / tt->block_size * tt->block_bytes);
-    // 256 random rows, repeated: the bytes stream like a real weight's, the set-up stays short.
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> wf(static_cast<size_t>(k)), x(static_cast<size_t>(k)), y(static_cast<size_t>(rows));
-    std::vector<uint8_t> base(rb * 256), w(rb * static_cast<size_t>(rows));
-    for (size_t r = 0; r < 256; ++r) {
-        for (float& e : wf) e = nd(rng);
-        tt->from_float(wf.data(), base.data() + r * rb, k);
-    }
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(w.data() + static_cast<size_t>(r) * rb, base.data() + (r % 256) * rb, rb);
+    const std::vector<uint8_t> w = random_rows(tt, rows, k, 256, rng, nd);  // 256 distinct rows, repeated
+    std::vector<float> x(static_cast<size_t>(k)), y(static_cast<size_t>(rows));
     for (float& e : x) e = nd(rng);
     const size_t pb = x8_packed_bytes(t, rows, k);
     auto packed = huge_buffer(pb);

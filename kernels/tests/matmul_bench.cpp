@@ -19,6 +19,7 @@
 #include "../matmul/packed_x8.h"
 #include "../ops.h"
 #include "bench_clock.h"
+#include "bench_weight.h"
 
 using namespace evk;
 
@@ -28,10 +29,8 @@ int main(int argc, char** argv) {
         return 2;
     }
     DType t{};
-    if (!type_named(argv[1], &t) || !type_traits(t) || !type_traits(t)->from_float) {
-        std::fprintf(stderr, "unknown or unquantizable type %s\n", argv[1]);
-        return 2;
-    }
+    const TypeTraits* tt = bench_type(argv[1], &t);
+    if (!tt) return 2;
     const int64_t rows = std::atoll(argv[2]), k = std::atoll(argv[3]);
     std::string variant = "avx2_q8act_x8";
     bool once = false;
@@ -39,7 +38,6 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--once") == 0) once = true;
         else variant = argv[i];
     }
-    const TypeTraits* tt = type_traits(t);
     if (rows < 8 || rows % 8 || k < tt->block_size || k % tt->block_size || x8_packed_bytes(t, rows, k) == 0) {
         std::fprintf(stderr, "%s has no x8 layout at %lld x %lld\n", argv[1], static_cast<long long>(rows),
                      static_cast<long long>(k));
@@ -53,12 +51,8 @@ int main(int argc, char** argv) {
     const size_t rb = static_cast<size_t>(k / tt->block_size * tt->block_bytes);
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> wf(static_cast<size_t>(k)), x(static_cast<size_t>(k)), y(static_cast<size_t>(rows));
-    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-        for (float& e : wf) e = nd(rng);
-        tt->from_float(wf.data(), w.data() + static_cast<size_t>(r) * rb, k);
-    }
+    const std::vector<uint8_t> w = random_rows(tt, rows, k, rows, rng, nd);
+    std::vector<float> x(static_cast<size_t>(k)), y(static_cast<size_t>(rows));
     for (float& e : x) e = nd(rng);
     const size_t pb = x8_packed_bytes(t, rows, k);
     const size_t copies = once ? 1 : std::max<size_t>(1, (size_t{512} << 20) / pb);
