@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "../ops.h"
+#include "avx512_panel_x8k.h"
 #include "packed_p16.h"
 #include "packed_x8.h"
 
@@ -158,11 +159,18 @@ EV_AVX512 void pack_panel_t(const MatmulArgs& a, int64_t r0, int nrows, int64_t 
     }
 }
 
-// The formats pack_panel expands as they lie; the others (K-quants, Q5_0, Q5_1, IQ4_NL) the caller
-// expands to float rows first (matmul_avx512.cpp).
+// The formats pack_panel expands as they lie in any layout; the others (K-quants, Q5_0, Q5_1,
+// IQ4_NL) the caller expands to float rows first (matmul_avx512.cpp), except Q4_K and Q6_K in the
+// x8 copy from a group boundary (avx512_panel_x8k.h): see panel_reads.
 constexpr bool pack_panel_reads(DType t) {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q4_0 || t == DType::Q4_1 ||
            t == DType::Q8_0;
+}
+
+// Whether the panel fill reads a's weight as it lies for every panel of the call (panels start
+// at a.row0 plus multiples of 16 rows; k blocks are whole sub-blocks of 32 for the K-quants).
+inline bool panel_reads(const MatmulArgs& a) {
+    return pack_panel_reads(a.wtype) || (x8k_type(a.wtype) && a.w_layout == WLayout::kX8 && a.row0 % kPackRows == 0);
 }
 
 // The others: a panel's rows as float rows in a.scratch (expand_rows_avx2, matmul_avx2.cpp, rows
@@ -184,7 +192,13 @@ EV_AVX512 inline void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int
     case DType::Q4_0: return pack_panel_t<DType::Q4_0>(a, r0, nrows, k0, kc, panel);
     case DType::Q4_1: return pack_panel_t<DType::Q4_1>(a, r0, nrows, k0, kc, panel);
     case DType::Q8_0: return pack_panel_t<DType::Q8_0>(a, r0, nrows, k0, kc, panel);
-    default: return;  // !pack_panel_reads(a.wtype)
+    case DType::Q4_K:
+        if (x8k_direct(a, r0, k0, kc)) pack_panel_x8k<DType::Q4_K>(a, r0, nrows, k0, kc, panel);
+        return;
+    case DType::Q6_K:
+        if (x8k_direct(a, r0, k0, kc)) pack_panel_x8k<DType::Q6_K>(a, r0, nrows, k0, kc, panel);
+        return;
+    default: return;  // !panel_reads(a)
     }
 }
 

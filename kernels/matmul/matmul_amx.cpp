@@ -202,7 +202,7 @@ EV_AMX void matmul_amx_gemm(const MatmulArgs& a) {
     const int64_t ys = a.y_stride * static_cast<int64_t>(sizeof(float));
     // Formats the panel fill does not read in slices of 32 (Q5_0, Q5_1, IQ4_NL, the K-quants): the
     // panel's rows expanded to float in scratch first, as avx512_gemm does.
-    const bool direct = pack_panel_reads(a.wtype);
+    const bool direct = panel_reads(a);
     const MatmulArgs rows = expanded_rows(a);
     for (int64_t r = a.row0; r < a.row1; r += 16 * kGroups) {
         const int nrows = static_cast<int>(a.row1 - r < 16 * kGroups ? a.row1 - r : 16 * kGroups);

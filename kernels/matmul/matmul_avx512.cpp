@@ -72,7 +72,7 @@ constexpr const TileFn* kTiles[kVecs] = {tiles_for<1>, tiles_for<2>, tiles_for<3
 EV_AVX512 void matmul_avx512_gemm(const MatmulArgs& a) {
     static_assert(kMatmulScratchRows >= kPanelRows + 1, "scratch holds a panel's float rows and one unpacked row");
     alignas(64) float panel[kPanelRows * kKc];
-    const bool direct = pack_panel_reads(a.wtype);  // else: float rows in scratch first
+    const bool direct = panel_reads(a);  // else: float rows in scratch first
     const MatmulArgs rows = expanded_rows(a);  // the float rows of the current panel, for the other formats
     for (int64_t r = a.row0, nrows = 0; r < a.row1; r += nrows) {
         // Panels of 48 rows, but 49..64 rows left go as 32 + the rest: two 2-vector tiles instead

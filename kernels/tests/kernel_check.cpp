@@ -204,13 +204,31 @@ void check_block_formats(std::mt19937& rng) {
                             b.xp = p;
                             b.xp_stride = static_cast<int64_t>(choice.act->row_bytes(k));
                         }
-                        b.row1 = rows / 2;  // two row ranges, as the thread pool splits them
-                        if (b.row1 > 0) choice.fn(b);
-                        b.row0 = rows / 2;
-                        b.row1 = rows;
-                        choice.fn(b);
+                        auto run_split = [&](MatmulArgs c, std::vector<float>& out) {
+                            c.y = out.data();
+                            c.row1 = rows / 2;  // two row ranges, as the thread pool splits them
+                            if (c.row1 > 0) choice.fn(c);
+                            c.row0 = rows / 2;
+                            c.row1 = rows;
+                            choice.fn(c);
+                        };
+                        run_split(b, y);
                         for (int64_t i = 0; i < m * rows; ++i) {
                             n_bad[vi] += !(std::fabs(y[i] - y_ref[i]) <= 2e-5f * mag[i] + 1e-30f);
+                            ++n_cases[vi];
+                        }
+                        // A row-reading variant that also reads the x8 copy gives the same bits from it
+                        // (the prefill GEMMs' panel fill reads Q4_K / Q6_K there directly from a range
+                        // starting at a group of 8 rows: the splits at 8 and 64; at 1 the rows first).
+                        if (!choice.packing && choice.also_reads == WLayout::kX8 && x8_packed_bytes(f.t, rows, k) > 0) {
+                            std::vector<uint8_t> x8(x8_packed_bytes(f.t, rows, k));
+                            x8_pack(f.t, w.data(), rb, rows, k, x8.data());
+                            MatmulArgs c = b;
+                            c.w = x8.data();
+                            c.w_layout = WLayout::kX8;
+                            std::vector<float> y8(y.size());
+                            run_split(c, y8);
+                            n_bad[vi] += std::memcmp(y8.data(), y.data(), y.size() * sizeof(float)) != 0;
                             ++n_cases[vi];
                         }
                     }
