@@ -160,8 +160,8 @@ EV_AVX512 void pack_panel_t(const MatmulArgs& a, int64_t r0, int nrows, int64_t 
 }
 
 // The formats pack_panel expands as they lie in any layout; the others (K-quants, Q5_0, Q5_1,
-// IQ4_NL) the caller expands to float rows first (matmul_avx512.cpp), except Q4_K and Q6_K in the
-// x8 copy from a group boundary (avx512_panel_x8k.h): see panel_reads.
+// IQ4_NL) the caller expands to float rows first (matmul_avx512.cpp), except Q4_K, Q6_K and Q5_0
+// in the x8 copy from a group boundary (avx512_panel_x8k.h): see panel_reads.
 constexpr bool pack_panel_reads(DType t) {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q4_0 || t == DType::Q4_1 ||
            t == DType::Q8_0;
@@ -197,6 +197,9 @@ EV_AVX512 inline void pack_panel(const MatmulArgs& a, int64_t r0, int nrows, int
         return;
     case DType::Q6_K:
         if (x8k_direct(a, r0, k0, kc)) pack_panel_x8k<DType::Q6_K>(a, r0, nrows, k0, kc, panel);
+        return;
+    case DType::Q5_0:
+        if (x8k_direct(a, r0, k0, kc)) pack_panel_x8k<DType::Q5_0>(a, r0, nrows, k0, kc, panel);
         return;
     default: return;  // !panel_reads(a)
     }

@@ -108,6 +108,49 @@ EV_AMX void fill_b(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64
     }
 }
 
+// The same B tiles for a weight the x8 fill reads (Q4_K, Q6_K, Q5_0 in the x8 copy: x8k_direct),
+// made in pair order (avx512_panel_x8k.h): each pair of vectors is split straight into its tile
+// rows, with no word permute. The same values and the same split: the same bits as fill_b.
+struct PairSink {
+    float* buf;  // 16 pairs of 2 x 16 floats
+    EV_AVX512 void put_pair(int kp, __m512 a, __m512 b) {
+        _mm512_store_ps(buf + 32 * kp, a);
+        _mm512_store_ps(buf + 32 * kp + 16, b);
+    }
+};
+
+template <DType T>
+EV_AMX void fill_b_x8k(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, uint8_t* b) {
+    alignas(64) float pairs[16 * 32];
+    const int nv = (nrows + 15) / 16;
+    for (int v = 0; v < nv; ++v) {
+        const X8Rows g(r0 + 16 * v, nrows - 16 * v < 16 ? nrows - 16 * v : 16);
+        for (int64_t s = 0; s * kStep < kc; ++s) {
+            PairSink sink{pairs};
+            x8k_block<T, Order::kPairs>(static_cast<const uint8_t*>(a.w), a.k, g.g0, g.g1, (k0 + s * kStep) / kQK, g.live, sink);
+            uint8_t* hi_tile = b + s * kStepBytes + v * 2 * kTileBytes;
+            for (int kp = 0; kp < 16; ++kp) {
+                __m512i hi, lo;
+                split(_mm512_load_ps(pairs + 32 * kp), _mm512_load_ps(pairs + 32 * kp + 16), hi, lo);
+                _mm512_store_si512(hi_tile + kp * 64, hi);
+                _mm512_store_si512(hi_tile + kTileBytes + kp * 64, lo);
+            }
+        }
+    }
+}
+
+EV_AMX void fill_b_direct(const MatmulArgs& a, int64_t r0, int nrows, int64_t k0, int64_t kc, uint8_t* b) {
+    if (x8k_direct(a, r0, k0, kc)) {
+        switch (a.wtype) {
+        case DType::Q4_K: return fill_b_x8k<DType::Q4_K>(a, r0, nrows, k0, kc, b);
+        case DType::Q6_K: return fill_b_x8k<DType::Q6_K>(a, r0, nrows, k0, kc, b);
+        case DType::Q5_0: return fill_b_x8k<DType::Q5_0>(a, r0, nrows, k0, kc, b);
+        default: break;
+        }
+    }
+    fill_b(a, r0, nrows, k0, kc, b);
+}
+
 // Where C tile (i, j) (tokens 16i.., rows 16j..) accumulates: y itself, or at an edge a scratch
 // tile standing for the tn x rn corner of y at `y` (nullptr when p is y).
 struct CTiles {
@@ -211,7 +254,7 @@ EV_AMX void matmul_amx_gemm(const MatmulArgs& a) {
         for (int64_t k0 = 0; k0 < a.k; k0 += kKcAmx) {
             const int64_t kc = a.k - k0 < kKcAmx ? a.k - k0 : kKcAmx;
             if (direct)
-                fill_b(a, r, nrows, k0, kc, b);
+                fill_b_direct(a, r, nrows, k0, kc, b);
             else
                 fill_b(rows, 0, nrows, k0, kc, b);
             const bool first = k0 == 0;
