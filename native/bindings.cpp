@@ -142,6 +142,7 @@ PYBIND11_MODULE(_engine, m) {
     py::register_exception<UnsupportedModel>(m, "UnsupportedModelError", PyExc_ValueError);
 
     register_kernel_bindings(m);
+    m.attr("DEFAULT_BATCH") = kDefaultBatch;  // Decoder's n_batch unless given (decoder.h)
 
     py::class_<GGUFFile, std::shared_ptr<GGUFFile>>(m, "GGUFFile")
         .def(py::init([](const std::string& path) {
@@ -304,7 +305,7 @@ PYBIND11_MODULE(_engine, m) {
                  py::gil_scoped_release nogil;
                  return std::make_unique<Decoder>(std::move(f), threads, n_ctx, n_batch, kt);  // invalid_argument: ValueError
              }),
-             py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = 64, py::arg("kv_type") = "f32")
+             py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = kDefaultBatch, py::arg("kv_type") = "f32")
         .def_property_readonly("kv_type", [](const Decoder& mdl) {
             std::string n = evk::type_traits(mdl.kv_type())->name;
             for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));

@@ -29,7 +29,7 @@ class TextModel:
     """Load with `edgevlm_ros.load()`. Not thread-safe: one generation at a time."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, threads: int | None = None,
-                 n_ctx: int = 2048, n_batch: int = 64, kv_type: str = "f32") -> None:
+                 n_ctx: int = 2048, n_batch: int = _engine.DEFAULT_BATCH, kv_type: str = "f32") -> None:
         optable.ensure_active()
         self.path: Path = resolve_model(path)
         self.file = _engine.GGUFFile(str(self.path))
