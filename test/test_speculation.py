@@ -256,3 +256,27 @@ def test_exactness_script_short_form(vlm_pair: tuple[Path, Path]) -> None:
         assert set(streams) == {"drift", "independent"}
         assert all(r["frames"] == 3 and r["deadline_frames"] == 1 for r in streams.values())
     assert report["models"]["SmolLM2-135M"]["drift"]["passes"] > 0
+
+
+def test_cost_script_runs_exact() -> None:
+    """scripts/speculation_cost.py (the README's cost table) from a separate process, short form, on
+    a random Qwen3.5 (recurrent rollback): both draft kinds give plain greedy's tokens, holding drafts
+    are (nearly) all accepted and failing ones partly."""
+    import json
+    import subprocess
+    import sys
+
+    from qwen35_fixtures import cached_qwen35_llama_cpp_gguf
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, str(root / "scripts" / "speculation_cost.py"), str(cached_qwen35_llama_cpp_gguf()),
+           "--tokens", "24", "--reps", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["text_mismatches"] == 0
+    hold = report["accepted_drafted"]["drafts always hold"]
+    fail = report["accepted_drafted"]["drafts fail every 6th token"]
+    # The answer as lookup holds up to its last token; past it the n-gram drafts may miss.
+    assert hold[1] > 0 and hold[0] >= 0.9 * hold[1]
+    assert 0 < fail[0] < fail[1]
