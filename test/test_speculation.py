@@ -129,10 +129,15 @@ def _repeats(tokens: list[int], prompt: list[int]) -> bool:
     return False
 
 
-def test_ngram_drafts_of_the_prompt_and_the_answer(engine: Any) -> None:
+def test_ngram_drafts_of_the_prompt_and_the_answer(text_model_path: Path) -> None:
     """drafts_from=[]: no earlier answers, drafts from n-grams of the prompt and of the answer so far
     (an answer that repeats itself or quotes its question): the same tokens as plain greedy, and
-    where such an n-gram is there to find, drafts accepted."""
+    where such an n-gram is there to find, drafts accepted. A model of its own: how many drafts a
+    pass runs follows the pass costs the decoder measured, and the session's shared engine may have
+    measured them on a loaded machine (then no draft is tried within a 9-token answer)."""
+    from edgevlm_ros.engine.text_model import TextModel
+
+    engine = TextModel(text_model_path, threads=2)
     for prompt in ("Repeat three times: the red robot lifts the blue box.",
                    "Write the word 'forward' ten times, separated by commas."):
         ids = engine.encode_prompt(prompt)
