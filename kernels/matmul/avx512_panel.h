@@ -167,10 +167,11 @@ constexpr bool pack_panel_reads(DType t) {
            t == DType::Q8_0;
 }
 
-// Whether the panel fill reads a's weight as it lies for every panel of the call (panels start
-// at a.row0 plus multiples of 16 rows; k blocks are whole sub-blocks of 32 for the K-quants).
+// Whether the panel fill reads a's weight as it lies for every panel of the call: panels start
+// at a.row0 plus multiples of 16 rows and k blocks at multiples of 32, so x8k_direct holding for
+// the whole call holds for each of them.
 inline bool panel_reads(const MatmulArgs& a) {
-    return pack_panel_reads(a.wtype) || (x8k_type(a.wtype) && a.w_layout == WLayout::kX8 && a.row0 % kPackRows == 0);
+    return pack_panel_reads(a.wtype) || x8k_direct(a, a.row0, 0, a.k);
 }
 
 // The others: a panel's rows as float rows in a.scratch (expand_rows_avx2, matmul_avx2.cpp, rows
