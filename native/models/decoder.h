@@ -207,9 +207,9 @@ std::string layer_variants(const Weight& w);
 
 // Tokens a prompt runs through the layers at a time (the run state is sized for it), unless the
 // caller says otherwise. 256 = the most tokens the prefill GEMMs take per call (Compute::matmul_batch's
-// token blocks), so a longer chunk saves no more weight preparation: 512-token prompts ran 14-15%
+// token blocks), so a longer chunk saves no more weight preparation: 512-token prompts ran 14-20%
 // faster than in chunks of 64 on the AMX table, 4-8% on the AVX2 robot table, an 80-token one
-// (a camera frame's prompt) 31% on AMX, for +30 MB of run state on Qwen3.5-0.8B (+69 MB at 512).
+// (a camera frame's prompt) 31% on AMX, for +27 MiB of run state on Qwen3.5-0.8B (+63 MiB at 512).
 // Results do not depend on it (docs/kernels/prefill-batch.md).
 constexpr int64_t kDefaultBatch = 256;
 
