@@ -297,15 +297,36 @@ PYBIND11_MODULE(_engine, m) {
         }, py::arg("token"));
 
     py::class_<Decoder>(m, "Decoder")
-        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch, const std::string& kv_type) {
+        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, int64_t n_ctx, int64_t n_batch, const std::string& kv_type,
+                         bool mtp) {
                  if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
                  if (n_ctx < 0) throw py::value_error("n_ctx must be >= 0 (0 = default)");
                  if (n_batch < 1 || n_batch > 4096) throw py::value_error("n_batch must be in 1..4096");
                  const evk::DType kt = kv_type_named(kv_type);
                  py::gil_scoped_release nogil;
-                 return std::make_unique<Decoder>(std::move(f), threads, n_ctx, n_batch, kt);  // invalid_argument: ValueError
+                 return std::make_unique<Decoder>(std::move(f), threads, n_ctx, n_batch, kt, mtp);  // invalid_argument: ValueError
              }),
-             py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = kDefaultBatch, py::arg("kv_type") = "f32")
+             py::arg("file"), py::arg("threads") = 1, py::arg("n_ctx") = 0, py::arg("n_batch") = kDefaultBatch, py::arg("kv_type") = "f32",
+             py::arg("mtp") = false,
+             "mtp: load the file's multi-token-prediction block where it has one (has_mtp), run it beside the decoder "
+             "and let generate() draft from it.")
+        .def_property_readonly("has_mtp", &Decoder::has_mtp, "A multi-token-prediction block is loaded (mtp=True and the file has one).")
+        .def("draft_mtp", [](Decoder& mdl, int32_t token, int64_t k) {
+            if (k < 1 || k > 64) throw py::value_error("k must be in 1..64");
+            const int64_t V = mdl.config().n_vocab;
+            std::vector<int32_t> drafts(static_cast<size_t>(k));
+            py::array_t<float> logits(std::vector<py::ssize_t>{k, V});
+            int64_t n = 0;
+            {
+                py::gil_scoped_release nogil;
+                n = mdl.draft_nextn(token, k, {}, drafts.data(), logits.mutable_data());
+            }
+            drafts.resize(static_cast<size_t>(n));
+            return py::make_tuple(drafts, logits[py::slice(0, n, 1)]);
+        }, py::arg("token"), py::arg("k"),
+           "Drafts from the multi-token-prediction block: `token` at position n_past with the decoder's hidden state of "
+           "the position before, then k - 1 more, greedy (fewer at the context's end). Returns (drafts, their logits "
+           "(len(drafts), n_vocab)); the sequence state is left as it was.")
         .def_property_readonly("kv_type", [](const Decoder& mdl) {
             std::string n = evk::type_traits(mdl.kv_type())->name;
             for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));

@@ -451,6 +451,74 @@ def cached_qwen35_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = 
     return _llama_cpp_gguf(cached_qwen35(layers, seed, value_heads), stem, seed, outtype)
 
 
+# Qwen3.5's multi-token-prediction block (the published config's `mtp_num_hidden_layers: 1`), as the
+# checkpoints carry it under `mtp.`: fc (2 x width -> width, over [norm(embedding), norm(hidden)]), the
+# two input norms, one full-attention decoder layer and the head norm. transformers' Qwen3_5ForCausalLM
+# leaves them out; llama.cpp's converter keeps them as block `layers`' `nextn.*` (conversion/qwen.py).
+def _mtp_shapes() -> dict[str, tuple[int, ...]]:
+    lay = "mtp.layers.0."
+    return {
+        "mtp.fc.weight": (WIDTH, 2 * WIDTH),
+        "mtp.pre_fc_norm_embedding.weight": (WIDTH,),
+        "mtp.pre_fc_norm_hidden.weight": (WIDTH,),
+        "mtp.norm.weight": (WIDTH,),
+        lay + "input_layernorm.weight": (WIDTH,),
+        lay + "post_attention_layernorm.weight": (WIDTH,),
+        lay + "self_attn.q_proj.weight": (2 * HEADS * HEAD_DIM, WIDTH),
+        lay + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, WIDTH),
+        lay + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, WIDTH),
+        lay + "self_attn.o_proj.weight": (WIDTH, HEADS * HEAD_DIM),
+        lay + "self_attn.q_norm.weight": (HEAD_DIM,),
+        lay + "self_attn.k_norm.weight": (HEAD_DIM,),
+        lay + "mlp.gate_proj.weight": (FFN, WIDTH),
+        lay + "mlp.up_proj.weight": (FFN, WIDTH),
+        lay + "mlp.down_proj.weight": (WIDTH, FFN),
+    }
+
+
+def _write_mtp_checkpoint(out: Path, hf: Path, seed: int) -> None:
+    """hf's files (its weights hard-linked, not copied) plus a second shard of random MTP tensors,
+    an index naming both, and `mtp_num_hidden_layers: 1` in the config."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    for f in hf.iterdir():
+        if f.is_file() and f.name not in ("config.json", _MARKER):
+            os.link(f, out / f.name)
+    rng = np.random.default_rng(1000 + seed)
+    mtp = {k: rng.normal(0, NORM_STD if len(shape) == 1 else STD, shape).astype(np.float32)
+           for k, shape in _mtp_shapes().items()}
+    save_file(mtp, str(out / "mtp.safetensors"))
+    with safe_open(str(hf / "model.safetensors"), "np") as f:
+        names = list(f.keys())
+    weight_map = {**{k: "model.safetensors" for k in names}, **{k: "mtp.safetensors" for k in mtp}}
+    size = (hf / "model.safetensors").stat().st_size + (out / "mtp.safetensors").stat().st_size
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": size},
+                                                                  "weight_map": weight_map}, indent=1))
+    config = json.loads((hf / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def cached_qwen35_mtp(layers: int = 4, seed: int = 0) -> Path:
+    """cached_qwen35(layers, seed) with a random MTP block (the published Qwen3.5 layout), built once."""
+    hf = cached_qwen35(layers, seed)
+    args = {"checkpoint": json.loads((hf / _MARKER).read_text()), "mtp": 1, "version": 1}
+    return build_once(cache_root() / f"qwen35-mtp-random-l{layers}-s{seed}", args,
+                      lambda tmp: _write_mtp_checkpoint(tmp, hf, seed))
+
+
+def cached_qwen35_mtp_llama_cpp_gguf(layers: int = 4, seed: int = 0, outtype: str = "f32") -> Path:
+    """llama.cpp's converter on cached_qwen35_mtp, MTP kept (block `layers` holds it), built once."""
+    src = cached_qwen35_mtp(layers, seed)
+    args = {"checkpoint": json.loads((src / _MARKER).read_text()), "outtype": outtype, "llama_cpp": LLAMA_CPP_VERSION}
+    out = cache_root() / f"qwen35-mtp-random-l{layers}-s{seed}-llama-cpp-{outtype}"
+    name = f"qwen35-mtp-random-l{layers}-{outtype}.gguf"
+    build_once(out, args, lambda tmp: run_llama_cpp_converter(src, tmp / name, outtype, no_mtp=False))
+    return out / name
+
+
 # A few tensors of MiniCPM-V 4.6's other halves (vision tower, merger, multi-token prediction), which a
 # text conversion must leave out; small stand-ins of the real names.
 _MINICPM_OTHER_HALVES = {

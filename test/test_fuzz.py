@@ -57,7 +57,7 @@ MAX_SEED_BYTES = 64 * 1024
 FUZZ_KEY = "f" * 64
 
 # Short in-suite runs: fixed counts and a fixed seed, so a run is repeatable.
-GGUF_RUNS = 25_000
+GGUF_RUNS = 15_000
 PREFIX_CACHE_RUNS = 50_000
 # libFuzzer flags shared by the suite and scripts/fuzz_long.sh: a single malloc over the limit
 # is a finding (an allocation sized from an unchecked number), as is an input that runs too long.

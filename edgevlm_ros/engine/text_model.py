@@ -29,7 +29,8 @@ class TextModel:
     """Load with `edgevlm_ros.load()`. Not thread-safe: one generation at a time."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, threads: int | None = None,
-                 n_ctx: int = 2048, n_batch: int = _engine.DEFAULT_BATCH, kv_type: str = "f32") -> None:
+                 n_ctx: int = 2048, n_batch: int = _engine.DEFAULT_BATCH, kv_type: str = "f32",
+                 mtp: bool = False) -> None:
         optable.ensure_active()
         self.path: Path = resolve_model(path)
         self.file = _engine.GGUFFile(str(self.path))
@@ -38,8 +39,10 @@ class TextModel:
         # kv_type: how the KV cache stores keys and values (KV_TYPES); ValueError for a head size
         # f16 / q8_0 cannot take.
         check_kv_type(kv_type)
+        # mtp: load the file's multi-token-prediction block where it has one (Qwen3.5's); generate() then
+        # drafts from it where the earlier answers propose nothing (the text stays greedy's).
         self.native = _engine.Decoder(self.file, threads=threads or default_threads(), n_ctx=n_ctx, n_batch=n_batch,
-                                      kv_type=kv_type)
+                                      kv_type=kv_type, mtp=mtp)
         self.config: dict[str, Any] = self.native.config
         log.info("%s: kernels %s (operator table: %s)", self.path.name, self.native.variants(),
                  _engine.optable_source())

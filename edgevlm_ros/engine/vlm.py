@@ -38,8 +38,8 @@ class VisionLanguageModel:
     def __init__(self, model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
                  threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
                  prefix_cache_dir: str | os.PathLike[str] | None = None, longest_edge: int | None = None,
-                 n_ctx: int = 4096, prefix_cache: bool = True, kv_type: str = "f32") -> None:
-        self.text = TextModel(model, threads=threads, n_ctx=n_ctx, kv_type=kv_type)
+                 n_ctx: int = 4096, prefix_cache: bool = True, kv_type: str = "f32", mtp: bool = False) -> None:
+        self.text = TextModel(model, threads=threads, n_ctx=n_ctx, kv_type=kv_type, mtp=mtp)
         self.mmproj_path = resolve_model(mmproj, default=DEFAULT_MMPROJ)
         self.mmproj_file = _engine.GGUFFile(str(self.mmproj_path))
         self.mmproj_metadata: dict[str, Any] = self.mmproj_file.metadata()

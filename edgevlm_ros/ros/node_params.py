@@ -88,6 +88,9 @@ PARAMS: tuple[ParamSpec, ...] = (
               "and the answer (speculative decoding: the same text, sooner when the view changes slowly; not "
               "with a schema; a recurrent decoder such as Qwen3.5 rolls its state back after a rejected draft)",
               runtime=True),
+    ParamSpec("mtp", False, "also draft from the model file's multi-token-prediction block where it has one "
+              "(Qwen3.5's nextn tensors): the same text; each draft costs a step of that block and the output "
+              "head, so it pays only where its drafts are mostly right"),
     ParamSpec("kv_type", "f32", "how the KV cache stores keys and values: f32, f16 (half the memory) or q8_0 "
               "(int8 blocks of 32 with a scale per block and head: 0.27x the memory, faster attention over "
               "long contexts; logits move by int8's rounding of keys and values)"),
@@ -120,6 +123,7 @@ class NodeParams:
     description_schema: str | None = None
     speculation: bool = True
     kv_type: str = "f32"
+    mtp: bool = False
 
     @property
     def image_topic(self) -> str:
@@ -233,6 +237,7 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
         description_schema=schema,
         speculation=bool(v["speculation"]),
         kv_type=_choice("kv_type", str(v["kv_type"]), KV_TYPES),
+        mtp=bool(v["mtp"]),
     )
 
 

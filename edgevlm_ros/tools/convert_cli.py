@@ -34,6 +34,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--type", dest="wtype", choices=list(WEIGHT_TYPES), default="f16",
                         help="weight format of the matrices (default f16; norms and biases stay f32)")
     parser.add_argument("--name", default=None, help="model name (general.name and file stem; default: HF_DIR's name)")
+    parser.add_argument("--no-mtp", dest="mtp", action="store_false",
+                        help="Qwen3.5: leave the multi-token-prediction block out (kept by default, as llama.cpp does)")
     return parser
 
 
@@ -43,7 +45,8 @@ def run_convert(args: argparse.Namespace) -> int:
     Returns 0, or 2 for a refused input."""
     try:
         if is_qwen35_checkpoint(args.hf_dir):
-            paths: tuple[Path, ...] = (convert_qwen35(args.hf_dir, args.out_dir, args.wtype, name=args.name),)
+            paths: tuple[Path, ...] = (convert_qwen35(args.hf_dir, args.out_dir, args.wtype, name=args.name,
+                                                      mtp=args.mtp),)
             if is_minicpmv_checkpoint(args.hf_dir):  # and its mmproj: tools/convert_minicpmv.py
                 paths += (convert_minicpmv_mmproj(args.hf_dir, args.out_dir, args.wtype, name=args.name),)
         else:

@@ -4,9 +4,14 @@
 
 Input: a `Qwen3_5ForCausalLM` checkpoint (config `model_type` qwen3_5_text, tensors under `model.`),
 or the text half of a `Qwen3_5ForConditionalGeneration` (qwen3_5) or `MiniCPMV4_6ForConditionalGeneration`
-(minicpmv4_6) one (`text_config`, tensors under `model.language_model.`; the vision tower, its merger
-and the multi-token-prediction head `mtp.*` are left out, as llama.cpp's converter does with
-`--no-mtp`). Tokenizer: tokenizer.json with Qwen3.5's pre-tokenizer (NFC, its split regex, byte level).
+(minicpmv4_6) one (`text_config`, tensors under `model.language_model.`; the vision tower and its merger
+are left out). A Qwen3.5 checkpoint's multi-token-prediction block (`mtp.*`, `mtp_num_hidden_layers`
+1) is kept as llama.cpp's converter keeps it, unless mtp=False (`--no-mtp`): block n_layer holds its
+decoder layer (a full-attention one) and `nextn.eh_proj` (mtp.fc), `nextn.enorm`
+(pre_fc_norm_embedding), `nextn.hnorm` (pre_fc_norm_hidden), `nextn.shared_head_norm` (mtp.norm);
+block_count counts it, `nextn_predict_layers` is 1. MiniCPM-V 4.6's MTP tensors are left out, as
+llama.cpp's converter leaves them. Tokenizer: tokenizer.json with Qwen3.5's pre-tokenizer (NFC, its
+split regex, byte level).
 
 The layout (llama.cpp 0.3.36's `Qwen3_5TextModel`; read there, written here):
 * names: input_layernorm -> attn_norm, post_attention_layernorm -> post_attention_norm; the linear
@@ -65,6 +70,7 @@ QWEN35_MODEL_TYPES: dict[str, tuple[str | None, str, tuple[str, ...]]] = {
 }
 QWEN35_WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0")
 _LM_HEAD = "lm_head.weight"
+_MTP = "mtp."
 _ARCH = "qwen35"
 _MROPE_DEFAULT = [11, 11, 10]  # transformers' default sections (Qwen3_5TextRotaryEmbedding)
 
@@ -270,32 +276,64 @@ def _attention_layer(lp: str, b: str, p: _Params, wtype: GGMLType) -> list[_Plan
     ]
 
 
-def _plan(st: _SafeTensors, prefix: str, p: _Params, wtype: GGMLType) -> list[_Planned]:
+def _layer(lp: str, b: str, p: _Params, wtype: GGMLType, recurrent: bool) -> list[_Planned]:
     e, ff = p.n_embd, p.n_ff
+    return [
+        _Planned(b + "attn_norm.weight", lp + "input_layernorm.weight", (e,), GGMLType.F32, _shifted),
+        *(_linear_layer if recurrent else _attention_layer)(lp, b, p, wtype),
+        _Planned(b + "post_attention_norm.weight", lp + "post_attention_layernorm.weight", (e,), GGMLType.F32,
+                 _shifted),
+        _Planned(b + "ffn_gate.weight", lp + "mlp.gate_proj.weight", (ff, e), _matrix(wtype, (ff, e))),
+        _Planned(b + "ffn_up.weight", lp + "mlp.up_proj.weight", (ff, e), _matrix(wtype, (ff, e))),
+        _Planned(b + "ffn_down.weight", lp + "mlp.down_proj.weight", (e, ff), _matrix(wtype, (e, ff))),
+    ]
+
+
+def _mtp_block(p: _Params, wtype: GGMLType) -> list[_Planned]:
+    """The multi-token-prediction block as block p.n_layer (see the module docstring)."""
+    e, b = p.n_embd, f"blk.{p.n_layer}."
+    return [
+        *_layer(_MTP + "layers.0.", b, p, wtype, recurrent=False),
+        _Planned(b + "nextn.eh_proj.weight", _MTP + "fc.weight", (e, 2 * e), _matrix(wtype, (e, 2 * e))),
+        _Planned(b + "nextn.enorm.weight", _MTP + "pre_fc_norm_embedding.weight", (e,), GGMLType.F32, _shifted),
+        _Planned(b + "nextn.hnorm.weight", _MTP + "pre_fc_norm_hidden.weight", (e,), GGMLType.F32, _shifted),
+        _Planned(b + "nextn.shared_head_norm.weight", _MTP + "norm.weight", (e,), GGMLType.F32, _shifted),
+    ]
+
+
+def _plan(st: _SafeTensors, prefix: str, p: _Params, wtype: GGMLType, mtp: bool) -> list[_Planned]:
+    e = p.n_embd
     plan = [_Planned("token_embd.weight", prefix + "embed_tokens.weight", (p.n_vocab, e),
                      _matrix(wtype, (p.n_vocab, e)))]
     for i in range(p.n_layer):
-        lp, b = f"{prefix}layers.{i}.", f"blk.{i}."
-        plan.append(_Planned(b + "attn_norm.weight", lp + "input_layernorm.weight", (e,), GGMLType.F32, _shifted))
-        plan += (_linear_layer if p.recurrent[i] else _attention_layer)(lp, b, p, wtype)
-        plan += [
-            _Planned(b + "post_attention_norm.weight", lp + "post_attention_layernorm.weight", (e,), GGMLType.F32,
-                     _shifted),
-            _Planned(b + "ffn_gate.weight", lp + "mlp.gate_proj.weight", (ff, e), _matrix(wtype, (ff, e))),
-            _Planned(b + "ffn_up.weight", lp + "mlp.up_proj.weight", (ff, e), _matrix(wtype, (ff, e))),
-            _Planned(b + "ffn_down.weight", lp + "mlp.down_proj.weight", (e, ff), _matrix(wtype, (e, ff))),
-        ]
+        plan += _layer(f"{prefix}layers.{i}.", f"blk.{i}.", p, wtype, p.recurrent[i])
     plan.append(_Planned("output_norm.weight", prefix + "norm.weight", (e,), GGMLType.F32, _shifted))
     if not p.tied:
         plan.append(_Planned("output.weight", _LM_HEAD, (p.n_vocab, e), _matrix(wtype, (p.n_vocab, e))))
+    if mtp:
+        plan += _mtp_block(p, wtype)
     _check_planned(st, plan)
     return plan
+
+
+def _mtp_layers(config: Mapping[str, Any], st: _SafeTensors, model_type: str) -> int:
+    """How many MTP blocks the checkpoint carries that the file keeps: 0 or 1."""
+    if model_type == "minicpmv4_6" or _MTP + "fc.weight" not in st.infos:
+        return 0
+    n = _text_config(config).get("mtp_num_hidden_layers")
+    if n is None:  # as llama.cpp's converter: counted from the tensors
+        n = len({name.split(".")[2] for name in st.infos if name.startswith(_MTP + "layers.")})
+    if n != 1:
+        raise ValueError(f"config.json: {n} multi-token-prediction layers are not supported (1 is; "
+                         "--no-mtp leaves them out)")
+    return 1
 
 
 # -- metadata ---------------------------------------------------------------------------------------
 
 
-def _writer(name: str, file_type: int, p: _Params, vocab: _Vocab, tok_cfg: Mapping[str, Any]) -> GGUFWriter:
+def _writer(name: str, file_type: int, p: _Params, vocab: _Vocab, tok_cfg: Mapping[str, Any],
+            n_mtp: int) -> GGUFWriter:
     w = GGUFWriter()
     a = _ARCH
     w.add_string("general.architecture", a)
@@ -304,19 +342,21 @@ def _writer(name: str, file_type: int, p: _Params, vocab: _Vocab, tok_cfg: Mappi
     w.add_uint32("general.file_type", file_type)
     w.add_uint32("general.quantization_version", 2)  # llama.cpp's converter writes it for every type
     counts = {
-        "block_count": p.n_layer, "context_length": p.n_ctx, "embedding_length": p.n_embd,
+        "block_count": p.n_layer + n_mtp, "context_length": p.n_ctx, "embedding_length": p.n_embd,
         "feed_forward_length": p.n_ff, "attention.head_count": p.n_head, "attention.head_count_kv": p.n_head_kv,
         "attention.key_length": p.head_dim, "attention.value_length": p.head_dim,
         "ssm.conv_kernel": p.conv_kernel, "ssm.state_size": p.k_dim, "ssm.group_count": p.k_heads,
         "ssm.time_step_rank": p.v_heads, "ssm.inner_size": p.v_channels,
         "full_attention_interval": p.interval, "rope.dimension_count": p.rope_dim,
     }
+    if n_mtp:
+        counts["nextn_predict_layers"] = n_mtp
     for key, value in counts.items():
         w.add_uint32(f"{a}.{key}", value)
     w.add_array(f"{a}.rope.dimension_sections", p.rope_sections, GGUFValueType.INT32)
     w.add_float32(f"{a}.rope.freq_base", p.rope_theta)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", p.rms_eps)
-    w.add_array(f"{a}.attention.recurrent_layers", p.recurrent, GGUFValueType.BOOL)
+    w.add_array(f"{a}.attention.recurrent_layers", p.recurrent + [False] * n_mtp, GGUFValueType.BOOL)
     add_bpe_vocab(w, vocab)
     # Only what the tokenizer config states, as llama.cpp's converter does (the engine's default
     # for a byte-level vocabulary is no BOS / EOS).
@@ -332,9 +372,11 @@ def _writer(name: str, file_type: int, p: _Params, vocab: _Vocab, tok_cfg: Mappi
 # -- entry point --------------------------------------------------------------------------------------
 
 
-def convert_qwen35(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", *, name: str | None = None) -> Path:
+def convert_qwen35(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", *, name: str | None = None,
+                   mtp: bool = True) -> Path:
     """Converts a Qwen3.5 text decoder (see the module docstring); returns the GGUF's path,
-    `OUT_DIR/<name>-<wtype>.gguf`. Everything is checked before anything is written."""
+    `OUT_DIR/<name>-<wtype>.gguf`. mtp=False leaves a multi-token-prediction block out. Everything is
+    checked before anything is written."""
     hf = Path(hf_dir)
     if not hf.is_dir():
         raise ValueError(f"{hf} is not a directory")
@@ -352,7 +394,8 @@ def convert_qwen35(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", 
     st = _SafeTensors(hf)
     # The top-level flag decides, else the text config's (a qwen3_5_text config is both).
     params = dataclasses.replace(params, tied=_tied_head({**config, "text_config": _text_config(config)}, st))
-    plan = _plan(st, prefix, params, matrix_type)
+    n_mtp = _mtp_layers(config, st, model_type) if mtp else 0
+    plan = _plan(st, prefix, params, matrix_type, n_mtp > 0)
     known = {p.hf_name for p in plan} | ({_LM_HEAD} if params.tied else set())
     unknown = sorted(n for n in st.infos if n not in known and not n.startswith(others))
     if unknown:
@@ -368,7 +411,7 @@ def convert_qwen35(hf_dir: str | Path, out_dir: str | Path, wtype: str = "f16", 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{_safe_name(model_name)}-{wtype}.gguf"
-    w = _writer(model_name, file_type, params, vocab, tok_cfg)
+    w = _writer(model_name, file_type, params, vocab, tok_cfg, n_mtp)
     for p in plan:  # the conv weight drops its middle axis: [channels, 1, K] -> [channels, K]
         shape = (p.shape[0], p.shape[2]) if len(p.shape) == 3 else p.shape
         w.add_tensor(p.gguf_name, st.loader(p.hf_name, p.transform), p.wtype, shape=shape)

@@ -99,11 +99,13 @@ Weight DecoderLoader::matrix(const std::string& name, int64_t cols, int64_t rows
     return w;
 }
 
-Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch, evk::DType kv_type)
+Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch, evk::DType kv_type,
+                 bool mtp)
     : file_(std::move(file)), cfg_(read_config(*file_)),
       n_ctx_(n_ctx > 0 ? std::min<int64_t>(n_ctx, cfg_.n_ctx_train) : std::min<int64_t>(cfg_.n_ctx_train, 4096)),
       n_batch_(std::max<int64_t>(1, n_batch)),
-      compute_(n_threads, std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim()})), kv_type_(kv_type) {
+      // the MTP block's input projection reads rows of 2 n_embd
+      compute_(n_threads, std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim(), mtp ? 2 * cfg_.n_embd : 0})), kv_type_(kv_type) {
     if (kv_type != evk::DType::F32 && kv_type != evk::DType::F16 && kv_type != evk::DType::Q8_0)
         throw std::invalid_argument("kv_type must be f32, f16 or q8_0");
     if (!evk::kv_type_fits(kv_type, cfg_.head_dim))
@@ -113,7 +115,7 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
                                     std::to_string(evk::kMaxAttentionHeadDim) + "): use f32");
     const GGUFFile& f = *file_;
     const DecoderFactory make = find_decoder(f);
-    const DecoderLoader load(f, arena_, n_batch_);
+    const DecoderLoader load(f, arena_, n_batch_, mtp);
     const int64_t d = cfg_.n_embd;
     tok_embd_ = load.matrix("token_embd.weight", d, cfg_.n_vocab);
     output_ = cfg_.tied_output ? tok_embd_ : load.matrix("output.weight", d, cfg_.n_vocab);
@@ -150,6 +152,16 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
     kv_.assign(static_cast<size_t>(kv_bytes), 0);
     alloc(rec_, rec_floats);
     alloc(rec_check_, rec_floats);  // generate()'s copy of the recurrent state before a verification pass
+    nextn_ = arch_->nextn();
+    if (nextn_) {
+        nextn_kv_.assign(2 * evk::kv_bytes(kv_type_, n_ctx_ * arch_->nextn_shape().kv_dim), 0);
+        alloc(nextn_e_, b * d);
+        alloc(nextn_h_, (b + 1) * d);
+        alloc(nextn_cat_, b * 2 * d);
+        alloc(draft_h_, d);
+        alloc(nextn_h_check_, d);
+        alloc(draft_logits_, cfg_.n_vocab);
+    }
 }
 
 Decoder::~Decoder() = default;
@@ -157,6 +169,20 @@ Decoder::~Decoder() = default;
 void Decoder::reset() {
     n_past_ = 0;
     std::fill(rec_.begin(), rec_.end(), 0.f);
+    nextn_first_ = 0;
+    std::fill(nextn_h_.begin(), nextn_h_.end(), 0.f);  // no position before the first
+}
+
+LayerCache Decoder::nextn_cache() {
+    LayerCache c;
+    c.kv_dim = arch_->nextn_shape().kv_dim;
+    c.kv_type = kv_type_;
+    c.k = nextn_kv_.data();
+    c.v = c.k + evk::kv_bytes(kv_type_, n_ctx_ * c.kv_dim);
+    c.head_dim = cfg_.head_dim;
+    c.n_ctx = n_ctx_;
+    c.first = nextn_first_;
+    return c;
 }
 
 LayerCache Decoder::cache_of(int64_t layer) {
@@ -207,11 +233,69 @@ void Decoder::embed(const PromptInput& p, int64_t c0, int64_t cn) {
     const int64_t* first = std::lower_bound(p.slots, p.slots + p.n_slots, c0);
     for (const int64_t* sl = first; sl != p.slots + p.n_slots && *sl < c0 + cn; ++sl)
         std::memcpy(&s_.x[(*sl - c0) * d], p.features + (sl - p.slots) * d, static_cast<size_t>(d) * sizeof(float));
+    if (!nextn_) return;
+    // The MTP block's input rows: the same, unless it has token embeddings of its own.
+    std::copy_n(s_.x.begin(), cn * d, nextn_e_.begin());
+    if (!nextn_->embed.data) return;
+    for (int64_t i = 0; i < cn; ++i)
+        if (!std::binary_search(p.slots, p.slots + p.n_slots, c0 + i)) {
+            const Weight& e = nextn_->embed;
+            evk::dequantize_row(e.type, static_cast<const char*>(e.data) + static_cast<size_t>(p.ids[c0 + i]) * e.row_bytes,
+                                &nextn_e_[i * d], d);
+            for (int64_t j = 0; j < d; ++j) nextn_e_[i * d + j] *= cfg_.embd_scale;
+        }
+}
+
+void Decoder::nextn_rows(const Chunk& ch, const float* h_prev, float* h_out) {
+    const evk::OpTable& op = compute_.ops();
+    const int64_t n = ch.n, d = cfg_.n_embd;
+    const float eps = cfg_.rms_eps;
+    compute_.rows(n, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            op.rmsnorm(&nextn_e_[t * d], nextn_->enorm.data(), &nextn_cat_[t * 2 * d], d, eps);
+            op.rmsnorm(&h_prev[t * d], nextn_->hnorm.data(), &nextn_cat_[t * 2 * d + d], d, eps);
+        }
+    });
+    compute_.matmul(nextn_->eh_proj, nextn_cat_.data(), n, s_.x.data(), ch.phase);
+    DecoderContext ctx{cfg_, compute_, s_, n_ctx_};
+    arch_->nextn_layer(ctx, ch, nextn_cache());
+    if (!h_out) return;
+    const std::vector<float>& norm = nextn_->head_norm.empty() ? output_norm_ : nextn_->head_norm;
+    for (int64_t t = 0; t < n; ++t) op.rmsnorm(&s_.x[t * d], norm.data(), &h_out[t * d], d, eps);
+}
+
+int64_t Decoder::draft_nextn(int32_t token, int64_t k, const std::vector<int32_t>& stop_ids, int32_t* out, float* logits) {
+    if (!nextn_) throw std::invalid_argument("no multi-token-prediction block is loaded (a file with one, mtp on)");
+    check_ids(&token, 1, cfg_.n_vocab);
+    const int64_t d = cfg_.n_embd, V = cfg_.n_vocab, rd = cfg_.rope_dims;
+    k = std::min(k, n_ctx_ - n_past_);
+    const Weight& e = nextn_->embed.data ? nextn_->embed : tok_embd_;
+    const Weight& head = nextn_->head.data ? nextn_->head : output_;
+    std::copy_n(nextn_h_.begin(), d, draft_h_.begin());
+    DecoderContext ctx{cfg_, compute_, s_, n_ctx_};
+    int64_t j = 0;
+    for (; j < k; ++j) {
+        const int64_t pos = n_past_ + j;
+        evk::dequantize_row(e.type, static_cast<const char*>(e.data) + static_cast<size_t>(token) * e.row_bytes,
+                            nextn_e_.data(), d);
+        if (cfg_.embd_scale != 1.f)
+            for (int64_t i = 0; i < d; ++i) nextn_e_[i] *= cfg_.embd_scale;
+        evk::rope_angles(static_cast<float>(pos) / cfg_.rope_scale, cfg_.rope_base, rd, s_.rope_cs.data());
+        const Chunk ch{1, pos, evk::kDecode};
+        arch_->begin_chunk(ctx, ch);
+        nextn_rows(ch, draft_h_.data(), draft_h_.data());
+        compute_.matmul(head, draft_h_.data(), d, 1, draft_logits_.data(), V, evk::kDecode);
+        if (logits) std::copy_n(draft_logits_.begin(), V, logits + j * V);
+        token = static_cast<int32_t>(compute_.ops().argmax(draft_logits_.data(), V));
+        if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) break;
+        out[j] = token;
+    }
+    return j;
 }
 
 // One chunk of tokens already embedded in s.x, through every layer, then (when logits is given)
 // the final norm and the output head.
-void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
+void Decoder::forward_layers(const Chunk& ch, float* logits, bool all_logits) {
     const evk::OpTable& op = compute_.ops();
     const int64_t n = ch.n, d = cfg_.n_embd, rd = cfg_.rope_dims;
     DecoderContext ctx{cfg_, compute_, s_, n_ctx_};
@@ -230,6 +314,20 @@ void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
     // token: ~20 of 45 ms after a prefix cache; docs/kernels/prefill-head.md). Every position's
     // logits (scoring a prompt) stay a prefill product like the layers'.
     compute_.matmul(output_, &s_.xb[first * d], d, n - first, logits, cfg_.n_vocab, all_logits ? ch.phase : evk::kDecode);
+}
+
+void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
+    forward_layers(ch, logits, all_logits);
+    if (!nextn_) return;
+    // The MTP block runs the chunk's positions too (its cache must hold what a draft attends to):
+    // row t pairs the token at pos0 + t with the decoder's final-normed hidden state at pos0 + t - 1.
+    const evk::OpTable& op = compute_.ops();
+    const int64_t n = ch.n, d = cfg_.n_embd;
+    compute_.rows(n, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) op.rmsnorm(&s_.x[t * d], output_norm_.data(), &nextn_h_[(1 + t) * d], d, cfg_.rms_eps);
+    });
+    nextn_rows(ch, nextn_h_.data(), nullptr);
+    std::copy_n(nextn_h_.begin() + n * d, d, nextn_h_.begin());  // the position before the next chunk
 }
 
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
@@ -284,7 +382,7 @@ void causal_attention(DecoderContext& c, const LayerCache& cache, const Chunk& c
     auto body = [&](int64_t item, int t) {
         const int64_t tok = item / per_tile * tile, kvh = item % per_tile / parts, part = item % parts;
         const int64_t h0 = kvh * group + part * group / parts, h1 = kvh * group + (part + 1) * group / parts;
-        const int64_t end = ch.pos0 + tok + 1, begin = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+        const int64_t end = ch.pos0 + tok + 1, begin = std::max<int64_t>(cache.first, window > 0 ? end - window : 0);
         evk::AttentionArgs a{};
         a.q = &c.s.q[tok * qd + h0 * hd];
         a.k = cache.k + cache.at(kvh, begin);
@@ -332,25 +430,27 @@ int64_t follow(const int32_t* tail, int64_t len, const int32_t* seq, int64_t end
 // step's (PassCosts). So where extra rows cost little (the x86 decode kernels read the weights once
 // for up to 8 rows) long drafts run as soon as they tend to be right, and where each row costs
 // nearly a step (kernels that stream the weights per token) drafts run only when nearly all are
-// accepted. When no k pays, a 1-draft pass still runs every 8th token, to notice when drafts start
-// to fit again. Only the speed depends on this choice: the tokens are greedy's whatever it is.
+// accepted. When no k pays, a 1-draft pass still runs every `probe`th token, to notice when drafts
+// start to fit again. Drafts that cost a step of their own (the MTP block's: draft_nextn) add that
+// cost, `per_draft` one-row steps each. Only the speed depends on this choice: the tokens are
+// greedy's whatever it is.
 class DraftPolicy {
 public:
-    explicit DraftPolicy(const PassCosts& costs) : costs_(costs) {}
-    int64_t want(int64_t since_pass) const {
+    explicit DraftPolicy(const PassCosts& costs, int64_t probe = 8) : costs_(costs), probe_(probe) {}
+    int64_t want(int64_t since_pass, double per_draft = 0) const {
         const double p = (accepted_ + 1.0) / (examined_ + 2.0);
         int64_t best = 0;
         double best_gain = 1.0, expect = 1.0, pk = 1.0;
         for (int64_t k = 1; k <= kMaxDraft; ++k) {
             pk *= p;
             expect += pk;
-            const double gain = expect / costs_.cost(k);
+            const double gain = expect / (costs_.cost(k) + static_cast<double>(k) * per_draft);
             if (gain > best_gain * 1.02) {  // a clear gain, not noise in the measured costs
                 best = k;
                 best_gain = gain;
             }
         }
-        return best > 0 ? best : since_pass >= 8 ? 1 : 0;
+        return best > 0 ? best : since_pass >= probe_ ? 1 : 0;
     }
     // A pass of 1 + n_draft rows ended with next_draft of its drafts accepted.
     void pass(int64_t n_draft, int64_t next_draft) {
@@ -360,6 +460,7 @@ public:
 
 private:
     const PassCosts& costs_;
+    int64_t probe_;
     double accepted_ = 0, examined_ = 0;
 };
 
@@ -375,6 +476,13 @@ void PassCosts::timed(int64_t rows, double t) {
     if (ref > 0) t = std::min(t, 1.5 * ref);
     m = m > 0 ? 0.8 * m + 0.2 * t : t;
 }
+
+void PassCosts::draft_timed(double t) {
+    if (draft_ms > 0) t = std::min(t, 1.5 * draft_ms);
+    draft_ms = draft_ms > 0 ? 0.8 * draft_ms + 0.2 * t : t;
+}
+
+double PassCosts::draft_cost() const { return ms[1] > 0 && draft_ms > 0 ? draft_ms / ms[1] : 0.5; }
 
 double PassCosts::cost(int64_t k) const {
     const double one = ms[1], many = ms[static_cast<size_t>(1 + k)];
@@ -457,12 +565,23 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     std::array<int32_t, 1 + kMaxDraft> pass_rows{};
     int64_t pass_pos0 = 0;
     auto settle_pass = [&] {  // the last pass's unconfirmed rows out of the recurrent state
-        if (!recurrent || n_draft == 0 || next_draft == n_draft) return;
+        if (n_draft == 0 || next_draft == n_draft) return;
+        if (!recurrent) {
+            // The MTP block's hidden input: the last confirmed row's, not the pass's last row's.
+            if (nextn_) std::copy_n(nextn_h_.begin() + (1 + next_draft) * cfg_.n_embd, cfg_.n_embd, nextn_h_.begin());
+            return;
+        }
         std::copy(rec_check_.begin(), rec_check_.end(), rec_.begin());
+        std::copy(nextn_h_check_.begin(), nextn_h_check_.end(), nextn_h_.begin());
         n_past_ = pass_pos0;
         prefill(PromptInput{pass_rows.data(), 1 + next_draft, nullptr, nullptr, 0, true}, nullptr, false);
     };
-    DraftPolicy policy(pass_costs_);
+    // Drafts from the MTP block (draft_nextn) where the lookup proposes none: their own policy (their
+    // acceptance is the block's, not the lookup's), probing every 16th token when none pays.
+    const bool nextn_drafts = nextn_ && !constraint;
+    DraftPolicy policy(pass_costs_), nextn_policy(pass_costs_, 16);
+    bool pass_from_nextn = false;
+    int64_t since_nextn = 0;
     const float* logits = next_logits_.data();
     for (int64_t i = 0; i < max_new; ++i) {
         // Greedy: the first maximum wins ties, as torch.argmax does (among the allowed tokens).
@@ -507,7 +626,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             ++out.spec_accepted;
             continue;
         }
-        if (n_draft > 0) policy.pass(n_draft, next_draft);  // a pass whose drafts end here
+        if (n_draft > 0) (pass_from_nextn ? nextn_policy : policy).pass(n_draft, next_draft);  // a pass whose drafts end here
         settle_pass();
         n_draft = next_draft = 0;
         n_past_ = base + n_fed;  // the cache forgets the drafts that were not confirmed
@@ -521,16 +640,29 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
                                std::min({policy.want(since_pass), max_new - i - 2, n_ctx_ - n_past_ - 1}), draft.data());
         }
         since_pass = k > 0 ? 0 : since_pass + 1;
+        pass_from_nextn = false;
+        if (k == 0 && nextn_drafts) {
+            const int64_t want = std::min({nextn_policy.want(since_nextn, pass_costs_.draft_cost()), max_new - i - 2,
+                                           n_ctx_ - n_past_ - 1});
+            if (want > 0) {
+                const Clock::time_point td = Clock::now();
+                k = draft_nextn(next, want, stop_ids, draft.data(), nullptr);
+                pass_costs_.draft_timed(ms_since(td) / static_cast<double>(std::min(want, k + 1)));
+                pass_from_nextn = k > 0;
+            }
+            since_nextn = want > 0 ? 0 : since_nextn + 1;
+        }
         const Clock::time_point tp = Clock::now();
         if (k == 0) {
             prefill(PromptInput{&next, 1}, next_logits_.data(), false);
             logits = next_logits_.data();
-            if (speculate) pass_costs_.timed(1, ms_since(tp));
+            if (speculate || nextn_drafts) pass_costs_.timed(1, ms_since(tp));
         } else {
             pass_rows[0] = next;
             std::copy(draft.begin(), draft.begin() + k, pass_rows.begin() + 1);
             if (recurrent) {
                 std::copy(rec_.begin(), rec_.end(), rec_check_.begin());
+                std::copy_n(nextn_h_.begin(), nextn_h_check_.size(), nextn_h_check_.begin());
                 pass_pos0 = n_past_;
             }
             prefill(PromptInput{pass_rows.data(), 1 + k, nullptr, nullptr, 0, true}, spec_logits_.data(), true);
@@ -623,6 +755,9 @@ void Decoder::restore(const KVSnapshot& s) {
     }
     std::copy(s.recurrent.begin(), s.recurrent.end(), rec_.begin());
     n_past_ = s.n_past;
+    // A snapshot has no MTP cache: the block attends from here on, its first hidden input zeros.
+    nextn_first_ = n_past_;
+    std::fill(nextn_h_.begin(), nextn_h_.end(), 0.f);
 }
 
 void residual_swiglu_ffn(DecoderContext& c, const Chunk& ch, const std::vector<float>& norm, const Weight& w_gate,

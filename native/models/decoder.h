@@ -67,8 +67,11 @@ constexpr int64_t kMaxDraft = kMaxPassRows - 1;
 // generate() calls; 0: not measured yet), which sizes the verification passes (decoder.cpp).
 struct PassCosts {
     std::array<double, kMaxPassRows + 1> ms{};
+    double draft_ms = 0;  // one step of the multi-token-prediction block (draft_nextn), 0: not measured yet
     void timed(int64_t rows, double ms_taken);
+    void draft_timed(double ms_taken);
     double cost(int64_t k) const;  // a pass of 1 + k rows over a one-row step (1 + k/10 unmeasured)
+    double draft_cost() const;     // an MTP draft step over a one-row step (1/2 unmeasured)
 };
 
 // generate()'s draft sources, in this order: the tokens that followed the longest run (1-5) of
@@ -117,6 +120,7 @@ struct LayerCache {
     // Byte offset of kv head h's position p in k (and in v).
     size_t at(int64_t h, int64_t p) const { return kv_head_offset(kv_type, n_ctx, head_dim, h, p); }
     evk::DType kv_type = evk::DType::F32;
+    int64_t first = 0;  // attention reads positions from here on (the MTP block's cache: where it starts)
     float* recurrent = nullptr;
     int64_t recurrent_size = 0;
 };
@@ -141,6 +145,18 @@ struct Chunk {
     evk::Phase phase = evk::kPrefill;
 };
 
+// A multi-token-prediction block ("nextn": DeepSeek-V3, Qwen3.5's MTP), trained to predict the
+// token after next. Its input at position p is token p's embedding row and the model's final-normed
+// hidden state at p - 1 (zeros where there is none), each RMS-normed by its own weight (enorm,
+// hnorm), joined [embedding | hidden] and projected back to the width (eh_proj: 2 n_embd -> n_embd);
+// then one block of the family's own with a KV cache of its own; then head_norm. That output is the
+// hidden state the next step reads and, through the output head, the step's logits.
+struct NextNWeights {
+    Weight eh_proj;
+    std::vector<float> enorm, hnorm, head_norm;  // head_norm empty: the model's output_norm
+    Weight embed, head;                           // data nullptr: the model's token_embd / output
+};
+
 // What a block reaches while it runs.
 struct DecoderContext {
     const DecoderConfig& cfg;
@@ -153,9 +169,11 @@ struct DecoderContext {
 // rows given back when nothing reads them any more.
 class DecoderLoader {
 public:
-    DecoderLoader(const GGUFFile& f, PackArena& arena, int64_t n_batch) : f_(f), arena_(arena), n_batch_(n_batch) {}
+    DecoderLoader(const GGUFFile& f, PackArena& arena, int64_t n_batch, bool nextn = false)
+        : f_(f), arena_(arena), n_batch_(n_batch), nextn_(nextn) {}
     const GGUFFile& file() const { return f_; }
     int64_t n_batch() const { return n_batch_; }  // tokens per chunk: for run-state buffers of a family's own
+    bool nextn() const { return nextn_; }         // load the multi-token-prediction block where the file has one
     Weight matrix(const std::string& name, int64_t cols, int64_t rows) const;
     std::vector<float> vector(const std::string& name, int64_t n) const { return load_vector(f_, name, n); }
 
@@ -163,6 +181,7 @@ private:
     const GGUFFile& f_;
     PackArena& arena_;
     int64_t n_batch_;
+    bool nextn_;
 };
 
 // The weights every decoder block of the registry has, under llama.cpp's names (blk.N.attn_norm,
@@ -187,6 +206,12 @@ public:
     virtual void layer(DecoderContext& c, int64_t l, const Chunk& ch, const LayerCache& cache) const = 0;
     // Which kernels serve the layers, for the log (op: the operators the decoder runs them with).
     virtual std::string variants(const evk::OpTable& op) const = 0;
+    // The multi-token-prediction block, where the family has one, the file holds it and the loader
+    // asked for it (DecoderLoader::nextn); nullptr otherwise. Its block runs like layer() on the
+    // chunk in s.x (nextn_layer), with a cache of nextn_shape().
+    virtual const NextNWeights* nextn() const { return nullptr; }
+    virtual LayerShape nextn_shape() const { return {}; }
+    virtual void nextn_layer(DecoderContext&, const Chunk&, const LayerCache&) const {}
 };
 
 // Shared steps a block is made of.
@@ -219,8 +244,10 @@ public:
     // this engine does not run, GGUFError for a file that does not hold what the config says.
     // kv_type: how the KV cache stores keys and values: F32, F16 or Q8_0 (int8 blocks of 32 with an
     // fp16 scale, per head; needs a head size that is a multiple of 32); std::invalid_argument else.
+    // mtp: load the file's multi-token-prediction block (NextNWeights) where it has one, run it
+    // beside the decoder on every position (its own KV cache) and let generate() draft from it.
     Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_ctx, int64_t n_batch,
-            evk::DType kv_type = evk::DType::F32);
+            evk::DType kv_type = evk::DType::F32, bool mtp = false);
     ~Decoder();
 
     const DecoderConfig& config() const { return cfg_; }
@@ -232,6 +259,16 @@ public:
     const std::vector<LayerShape>& layer_shapes() const { return shapes_; }  // what each layer keeps
     int threads() const { return compute_.threads(); }
     void reset();  // an empty sequence: no positions, recurrent states zero
+    bool has_mtp() const { return nextn_ != nullptr; }  // a multi-token-prediction block is loaded
+
+    // Drafts from the multi-token-prediction block (has_mtp()): `token` at position n_past() with
+    // the final-normed hidden state of position n_past() - 1, then each draft at the next position
+    // with the block's own hidden state, greedy; up to k drafts (fewer at the context's end, none
+    // past a stop id) into out, their logits (n_vocab each) into logits when given; how many. The
+    // block's cache holds the positions the decoder ran (on from the last reset(), or from the
+    // position a restore() left); the drafts' rows in it are overwritten when the decoder runs
+    // those positions. The sequence state is left as it was.
+    int64_t draft_nextn(int32_t token, int64_t k, const std::vector<int32_t>& stop_ids, int32_t* out, float* logits);
 
     // Runs a prompt at positions n_past.. and appends it to the sequence state. logits: the last
     // position's n_vocab floats, every position's (n * n_vocab) when all_logits, none when nullptr.
@@ -274,8 +311,13 @@ public:
 
 private:
     void embed(const PromptInput& p, int64_t c0, int64_t cn);  // rows c0 .. c0 + cn of p into s.x
-    void forward_chunk(const Chunk& ch, float* logits, bool all_logits);
+    void forward_chunk(const Chunk& ch, float* logits, bool all_logits);   // the layers, then the MTP block's rows
+    void forward_layers(const Chunk& ch, float* logits, bool all_logits);
     LayerCache cache_of(int64_t layer);
+    LayerCache nextn_cache();
+    // The MTP block over the chunk's rows: inputs e_ (embedded rows) and hidden rows h_prev[t]
+    // (row t's previous position), outputs (head-normed) into h_out rows; s.x is overwritten.
+    void nextn_rows(const Chunk& ch, const float* h_prev, float* h_out);
 
     std::shared_ptr<const GGUFFile> file_;
     DecoderConfig cfg_;
@@ -296,6 +338,15 @@ private:
     std::vector<float> next_logits_;           // generate()'s own: written by its prefill and decode steps, read by it
     PassCosts pass_costs_;                      // generate()'s verification passes: their measured cost
     std::vector<float> spec_logits_;           // generate()'s verification passes: (1 + kMaxDraft) rows of n_vocab
+    // The multi-token-prediction block (mtp): its weights (the arch's), its cache (K then V, kv_type_),
+    // the first position that cache holds, the chunk's embedded rows, the decoder's final-normed
+    // hidden rows [1 + n_batch][n_embd] (row 0: the position before the chunk; after a chunk, its
+    // last row), the block's joined input [n_batch][2 n_embd], a draft step's hidden state and logits.
+    const NextNWeights* nextn_ = nullptr;
+    std::vector<uint8_t> nextn_kv_;
+    int64_t nextn_first_ = 0;
+    std::vector<float> nextn_e_, nextn_h_, nextn_cat_, draft_h_, draft_logits_;
+    std::vector<float> nextn_h_check_;  // generate(): nextn_h_'s row 0 before a verification pass
     int64_t n_past_ = 0;
     std::atomic<bool> cancel_{false};
     // generate()'s output while it runs (progress()): its token buffer, reserved up front so that

@@ -39,10 +39,10 @@ public:
     Qwen35(DecoderConfig& cfg, const DecoderLoader& load) {
         const GGUFFile& f = load.file();
         const std::string a = cfg.arch + ".";
-        read_shapes(cfg, f, a);
+        read_shapes(cfg, f, a, load.nextn());
         check_tensors(cfg, f);  // every size that an allocation below is computed from, against the file
         const int64_t d = cfg.n_embd, qd = cfg.q_dim(), kvd = cfg.kv_dim(), hd = cfg.head_dim, ff = cfg.n_ff;
-        for (int64_t l = 0; l < cfg.n_layer; ++l) {
+        for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
             const std::string p = "blk." + std::to_string(l) + ".";
             Layer& L = layers_[static_cast<size_t>(l)];
             L.attn_norm = load.vector(p + "attn_norm.weight", d);
@@ -72,9 +72,18 @@ public:
             L.w_up = load.matrix(p + "ffn_up.weight", d, ff);
             L.w_down = load.matrix(p + "ffn_down.weight", ff, d);
         }
+        if (has_nextn_) {  // its own tensors, beside its full-attention layer's (blk.<n_layer>.nextn.*)
+            const std::string p = "blk." + std::to_string(cfg.n_layer) + ".nextn.";
+            nextn_.eh_proj = load.matrix(p + "eh_proj.weight", 2 * d, d);
+            nextn_.enorm = load.vector(p + "enorm.weight", d);
+            nextn_.hnorm = load.vector(p + "hnorm.weight", d);
+            if (f.find_tensor(p + "shared_head_norm.weight")) nextn_.head_norm = load.vector(p + "shared_head_norm.weight", d);
+            if (f.find_tensor(p + "embed_tokens.weight")) nextn_.embed = load.matrix(p + "embed_tokens.weight", d, cfg.n_vocab);
+            if (f.find_tensor(p + "shared_head_head.weight")) nextn_.head = load.matrix(p + "shared_head_head.weight", d, cfg.n_vocab);
+        }
         const int64_t b = load.n_batch();
         auto alloc = [](std::vector<float>& v, int64_t n) { v.assign(static_cast<size_t>(n), 0.f); };
-        if (n_linear_ < cfg.n_layer) alloc(qg_, b * 2 * qd);
+        if (n_linear_ < cfg.n_layer || has_nextn_) alloc(qg_, b * 2 * qd);
         if (n_linear_ > 0) {
             alloc(qkv_, b * conv_dim_);
             alloc(conv_out_, b * conv_dim_);
@@ -105,6 +114,13 @@ public:
         residual_swiglu_ffn(c, ch, L.post_attn_norm, L.w_gate, L.w_up, L.w_down);
     }
 
+    const NextNWeights* nextn() const override { return has_nextn_ ? &nextn_ : nullptr; }
+    LayerShape nextn_shape() const override { return has_nextn_ ? LayerShape{kv_dim_, 0} : LayerShape{}; }
+    // The MTP block's decoder layer: a full-attention layer like the others (block n_layer of the file).
+    void nextn_layer(DecoderContext& c, const Chunk& ch, const LayerCache& cache) const override {
+        layer(c, static_cast<int64_t>(layers_.size()) - 1, ch, cache);
+    }
+
     std::string variants(const evk::OpTable& op) const override {
         return layer_variants(layers_.back().w_up) + "; causal_conv1d=" + op.causal_conv1d_variant + "; delta_rule=" +
                op.delta_rule_variant + "; l2norm=" + op.l2norm_variant + "; rmsnorm_gated=" + op.rmsnorm_gated_variant +
@@ -127,7 +143,7 @@ private:
 
     // The layer pattern and the linear layers' sizes from the file's keys, each bounded; no
     // allocation depends on them until check_tensors has held them against the tensors.
-    void read_shapes(DecoderConfig& cfg, const GGUFFile& f, const std::string& a) {
+    void read_shapes(DecoderConfig& cfg, const GGUFFile& f, const std::string& a, bool want_nextn) {
         auto key = [&](const std::string& k, uint64_t limit) {
             const uint64_t v = f.get_uint(a + k);
             if (v == 0 || v > limit) f.fail(a + k, "value " + std::to_string(v) + " is out of range");
@@ -139,7 +155,9 @@ private:
         const uint64_t nextn = f.get_uint(a + "nextn_predict_layers", 0);
         if (nextn >= static_cast<uint64_t>(n_all)) f.fail(a + "nextn_predict_layers", "leaves no decoder layers");
         cfg.n_layer = n_all - static_cast<int64_t>(nextn);
-        layers_.resize(static_cast<size_t>(cfg.n_layer));
+        // The first multi-token-prediction block, when asked for (llama.cpp runs one; a second is never read).
+        has_nextn_ = want_nextn && nextn >= 1 && f.find_tensor("blk." + std::to_string(cfg.n_layer) + ".nextn.eh_proj.weight");
+        layers_.resize(static_cast<size_t>(cfg.n_layer + (has_nextn_ ? 1 : 0)));
         const std::string rkey = a + "attention.recurrent_layers";
         if (const GValue* v = f.find(rkey)) {
             if (v->type != GType::ARRAY || v->elem_type != GType::BOOL || static_cast<int64_t>(v->count()) != n_all)
@@ -181,7 +199,7 @@ private:
 
     // The tensors whose sizes the run-state and sequence-state buffers are computed from.
     void check_tensors(const DecoderConfig& cfg, const GGUFFile& f) const {
-        for (int64_t l = 0; l < cfg.n_layer; ++l) {
+        for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
             const std::string p = "blk." + std::to_string(l) + ".";
             if (!layers_[static_cast<size_t>(l)].linear) {
                 require_elements(f, p + "attn_q.weight", cfg.n_embd * 2 * cfg.q_dim());
@@ -271,7 +289,9 @@ private:
         c.compute.matmul(L.w_out, core_.data(), n, s.xb2.data(), ch.phase);
     }
 
-    std::vector<Layer> layers_;
+    std::vector<Layer> layers_;  // the decoder's n_layer, then the MTP block's layer where it is loaded
+    bool has_nextn_ = false;
+    NextNWeights nextn_;
     int64_t n_linear_ = 0, kv_dim_ = 0;
     int64_t conv_k_ = 0, dk_ = 0, dv_ = 0, n_k_ = 0, n_v_ = 0, key_dim_ = 0, value_dim_ = 0, conv_dim_ = 0;
     int64_t state_floats_ = 0;  // per linear layer: conv state + delta states
