@@ -47,17 +47,20 @@ REAL_0_8B = {"d": 1024, "ff": 3584, "vocab": 248320, "n_layer": 24, "interval": 
              "head_dim": 256, "rope_dims": 64, "conv": 4, "dk": 128, "n_k_heads": 16, "n_v_heads": 16}
 
 
-def tensors(c: dict[str, int] = TINY, *, tied: bool = True) -> list[tuple[str, tuple[int, ...], str]]:
+def tensors(c: dict[str, int] = TINY, *, tied: bool = True,
+            mtp: bool = False) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, role) of every tensor in file order; role "matrix" (written in the
     caller's kinds), "embd" (the token embedding), "head" (an untied output), "norm" (1 + noise),
-    "ssm_a" (negative: the converter stores -exp(A_log)) or "vector" (F32 noise)."""
+    "ssm_a" (negative: the converter stores -exp(A_log)) or "vector" (F32 noise). mtp: a
+    multi-token-prediction block after the layers, as llama.cpp's converter writes it (block
+    n_layer: a full-attention layer plus nextn.eh_proj, enorm, hnorm, shared_head_norm)."""
     d, ff, hd, dk = c["d"], c["ff"], c["head_dim"], c["dk"]
     key_dim, value_dim = c["n_k_heads"] * dk, c["n_v_heads"] * dk
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (c["vocab"], d), "embd")]
     if not tied:
         out.append(("output.weight", (c["vocab"], d), "head"))
     out.append(("output_norm.weight", (d,), "norm"))
-    for layer, recurrent in enumerate(recurrent_layers(c)):
+    for layer, recurrent in enumerate(recurrent_layers(c) + ([False] if mtp else [])):
         p = f"blk.{layer}."
         out += [(p + "attn_norm.weight", (d,), "norm"), (p + "post_attention_norm.weight", (d,), "norm")]
         if recurrent:
@@ -73,11 +76,15 @@ def tensors(c: dict[str, int] = TINY, *, tied: bool = True) -> list[tuple[str, t
                         ("attn_v", (c["n_head_kv"] * hd, d)), ("attn_output", (d, c["n_head"] * hd)))
         out += [(p + name + ".weight", shape, "matrix")
                 for name, shape in (*matrices, ("ffn_gate", (ff, d)), ("ffn_up", (ff, d)), ("ffn_down", (d, ff)))]
+    if mtp:
+        p = f"blk.{c['n_layer']}.nextn."
+        out += [(p + "eh_proj.weight", (d, 2 * d), "matrix"), (p + "enorm.weight", (d,), "norm"),
+                (p + "hnorm.weight", (d,), "norm"), (p + "shared_head_norm.weight", (d,), "norm")]
     return out
 
 
 def write(path: Path, *, tied: bool, layer_list: bool, kinds: tuple[str, ...] = ("q8_0",), vocab: bool = False,
-          c: dict[str, int] = TINY, keys: Mapping[str, Any] | None = None) -> None:
+          c: dict[str, int] = TINY, keys: Mapping[str, Any] | None = None, mtp: bool = False) -> None:
     """Matrices in `kinds` in turn (the token embedding Q8_0, an untied head F16, norms and the
     small ssm tensors F32). vocab: a minimal byte-level BPE vocabulary too, which llama.cpp needs
     to load the file (the fuzz seeds go without: the harness reads no tokenizer). keys: "qwen35.*"
@@ -88,14 +95,16 @@ def write(path: Path, *, tied: bool, layer_list: bool, kinds: tuple[str, ...] = 
     g = GGUFWriter()
     g.add_string("general.architecture", "qwen35")
     values = {"context_length": 64, "embedding_length": c["d"], "feed_forward_length": c["ff"],
-              "block_count": c["n_layer"], "attention.head_count": c["n_head"],
+              "block_count": c["n_layer"] + mtp, "attention.head_count": c["n_head"],
               "attention.head_count_kv": c["n_head_kv"], "attention.key_length": c["head_dim"],
               "attention.value_length": c["head_dim"], "rope.dimension_count": c["rope_dims"],
               "ssm.conv_kernel": c["conv"], "ssm.state_size": c["dk"], "ssm.group_count": c["n_k_heads"],
               "ssm.time_step_rank": c["n_v_heads"], "ssm.inner_size": c["n_v_heads"] * c["dk"],
               "full_attention_interval": c["interval"]}
+    if mtp:
+        values["nextn_predict_layers"] = 1
     if layer_list:
-        values["attention.recurrent_layers"] = recurrent_layers(c)
+        values["attention.recurrent_layers"] = recurrent_layers(c) + ([False] if mtp else [])
     values.update(keys or {})
     for key, value in values.items():
         if isinstance(value, list):
@@ -113,7 +122,7 @@ def write(path: Path, *, tied: bool, layer_list: bool, kinds: tuple[str, ...] = 
         g.add_array("tokenizer.ggml.token_type", [1] * c["vocab"], GGUFValueType.INT32)
         g.add_array("tokenizer.ggml.merges", ["a b"], GGUFValueType.STRING)
     n_matrix = 0
-    for name, shape, role in tensors(c, tied=tied):
+    for name, shape, role in tensors(c, tied=tied, mtp=mtp):
         data = (rng.standard_normal(shape) * 0.2).astype(np.float32)
         if role == "matrix":
             g.add_tensor(name, data, kinds[n_matrix % len(kinds)])

@@ -57,7 +57,7 @@ MAX_SEED_BYTES = 64 * 1024
 FUZZ_KEY = "f" * 64
 
 # Short in-suite runs: fixed counts and a fixed seed, so a run is repeatable.
-GGUF_RUNS = 15_000
+GGUF_RUNS = 25_000
 PREFIX_CACHE_RUNS = 50_000
 # libFuzzer flags shared by the suite and scripts/fuzz_long.sh: a single malloc over the limit
 # is a finding (an allocation sized from an unchecked number), as is an input that runs too long.
@@ -413,6 +413,7 @@ def write_seeds(dest: Path = SEEDS, model: Path | None = None) -> list[Path]:
     qwen35_tiny.write(g / "qwen35_tiny.gguf", tied=True, layer_list=False)
     qwen35_tiny.write(g / "qwen35_tiny_untied_layer_list.gguf", tied=False, layer_list=True,
                       kinds=("q8_0", "q4_0", "f16"))
+    qwen35_tiny.write(g / "qwen35_tiny_mtp.gguf", tied=True, layer_list=True, mtp=True, kinds=("q4_0",))
     _tiny_mmproj(g / "mmproj_tiny.gguf", swapped=False)
     _tiny_mmproj(g / "mmproj_tiny_ffn_swapped.gguf", swapped=True)
     _tiny_minicpmv(g / "minicpmv4_6_tiny_16x.gguf", mode="16x")

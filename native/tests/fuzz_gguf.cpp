@@ -7,7 +7,8 @@
 // engine opens model files, then:
 //   1. GGUFFile must load it or refuse it with GGUFError; nothing else may escape;
 //   2. every tensor's first and last byte and every metadata value is touched;
-//   3. Decoder (n_ctx 8) and VisionModel are constructed from whatever loaded; each must
+//   3. Decoder (n_ctx 8, its multi-token-prediction block loaded where the file has one: two drafts
+//      from it) and VisionModel are constructed from whatever loaded; each must
 //      succeed or refuse with GGUFError (a bad file) or UnsupportedModel (an architecture the
 //      registry does not hold); their shape and key checks are fuzzed too;
 //   4. a model that was built runs once (one token, or one image tile: for a family whose
@@ -114,7 +115,7 @@ void touch(const evn::GGUFFile& f) {
 void try_llama(const std::shared_ptr<const evn::GGUFFile>& f) {
     std::unique_ptr<evn::Decoder> m;
     try {
-        m = std::make_unique<evn::Decoder>(f, 1, 8, 4);
+        m = std::make_unique<evn::Decoder>(f, 1, 8, 4, evk::DType::F32, /*mtp=*/true);
     } catch (const evn::GGUFError&) {
         return;  // refused: what a bad file must get
     } catch (const evn::UnsupportedModel&) {
@@ -128,6 +129,10 @@ void try_llama(const std::shared_ptr<const evn::GGUFFile>& f) {
     m->reset();
     m->restore(s);
     if (m->n_ctx() >= 2) m->prefill(evn::PromptInput{&first, 1}, logits.data(), false);
+    if (m->has_mtp() && m->n_past() < m->n_ctx()) {  // a file's multi-token-prediction block: two drafts
+        int32_t drafts[2];
+        m->draft_nextn(last, 2, {}, drafts, nullptr);
+    }
     g_sink = g_sink + (logits[0] == logits[0]);
 }
 
