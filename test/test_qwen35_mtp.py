@@ -78,7 +78,7 @@ def test_speculation_from_the_block_is_plain_greedy_and_keeps_its_cache(gguf: Pa
     rolled back and the confirmed rows rerun) gives plain greedy's tokens; afterwards the block's cache and
     hidden input are those of a plain run over the same tokens (its next drafts agree); after restore()
     it attends from the restored position on and the tokens are still greedy's."""
-    n = 40
+    n = 60  # probes of the block at ~16 and ~48 tokens (each failed probe doubles the wait)
     plain = _decoder(gguf, mtp=False).generate(np.array(PROMPT, dtype=np.int32), n, EOS)
     spec_dec = _decoder(gguf)
     spec = spec_dec.generate(np.array(PROMPT, dtype=np.int32), n, EOS)

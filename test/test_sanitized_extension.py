@@ -11,7 +11,7 @@ interpreter (ASan must be the first library loaded: Python is not built with it;
   snapshots, bad ids, context overflow, broken files);
 - this file's own checks (below, run only in the child): which engine is loaded, a short text
   generation with a prefix-cache file round trip, generation constrained to choices and to a JSON
-  schema, the tiny llama and mmproj fuzz seeds (idefics3
+  schema, the tiny llama, qwen35 (with drafts from its MTP block) and mmproj fuzz seeds (idefics3
   and minicpmv4_6) through both models, and every GGUF fuzz regression input.
 It must pass with no sanitizer report. Leak detection is off: CPython frees little at exit by design.
 """
@@ -158,6 +158,15 @@ def test_inner_tiny_models_from_the_fuzz_seeds() -> None:
         m = _engine.Decoder(_engine.GGUFFile(str(seeds / name)), threads=2, n_ctx=16)
         m.generate(np.arange(5, dtype=np.int32), 8, [])
         assert np.isfinite(m.forward(np.array([1, 2, 3], dtype=np.int32), True)).all()
+    # qwen35 with its multi-token-prediction block: drafts from it, greedy with them equal to plain greedy.
+    f = _engine.GGUFFile(str(seeds / "qwen35_tiny_mtp.gguf"))
+    prompt = np.arange(1, 6, dtype=np.int32)
+    plain = _engine.Decoder(f, threads=2, n_ctx=64).generate(prompt, 48, [])
+    m = _engine.Decoder(f, threads=2, n_ctx=64, mtp=True)
+    spec = m.generate(prompt, 48, [])
+    assert m.has_mtp and spec["tokens"] == plain["tokens"] and spec["spec_drafted"] > 0, spec
+    drafts, logits = m.draft_mtp(spec["tokens"][-1], 3)
+    assert len(drafts) == 3 and np.isfinite(logits).all()
     for name in ("mmproj_tiny.gguf", "mmproj_tiny_ffn_swapped.gguf"):
         v = _engine.VisionModel(_engine.GGUFFile(str(seeds / name)), threads=2)
         size = v.config["image_size"]

@@ -172,11 +172,13 @@ class VisionLanguageModel:
 def load_vlm(model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
              threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
              prefix_cache_dir: str | os.PathLike[str] | None = None,
-             longest_edge: int | None = None, prefix_cache: bool = True, kv_type: str = "f32") -> VisionLanguageModel:
+             longest_edge: int | None = None, prefix_cache: bool = True, kv_type: str = "f32",
+             mtp: bool = False) -> VisionLanguageModel:
     """Loads a text GGUF and its mmproj; refuses pairs that do not fit together.
 
     prefix_cache=False prefills the whole prompt for every frame (status "disabled"); kv_type: the
-    text model's KV cache (f32, f16, q8_0)."""
+    text model's KV cache (f32, f16, q8_0); mtp: draft from the text file's multi-token-prediction
+    block too (TextModel)."""
     return VisionLanguageModel(model, mmproj, threads=threads, image_mode=image_mode, system_prompt=system_prompt,
                                prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge, prefix_cache=prefix_cache,
-                               kv_type=kv_type)
+                               kv_type=kv_type, mtp=mtp)

@@ -432,11 +432,13 @@ int64_t follow(const int32_t* tail, int64_t len, const int32_t* seq, int64_t end
 // nearly a step (kernels that stream the weights per token) drafts run only when nearly all are
 // accepted. When no k pays, a 1-draft pass still runs every `probe`th token, to notice when drafts
 // start to fit again. Drafts that cost a step of their own (the MTP block's: draft_nextn) add that
-// cost, `per_draft` one-row steps each. Only the speed depends on this choice: the tokens are
-// greedy's whatever it is.
+// cost, `per_draft` one-row steps each, and with `backoff` each probe that fails doubles the wait
+// for the next (up to 8 x probe; an accepted draft resets it). Only the speed depends on this
+// choice: the tokens are greedy's whatever it is.
 class DraftPolicy {
 public:
-    explicit DraftPolicy(const PassCosts& costs, int64_t probe = 8) : costs_(costs), probe_(probe) {}
+    explicit DraftPolicy(const PassCosts& costs, int64_t probe = 8, bool backoff = false)
+        : costs_(costs), base_(probe), probe_(probe), backoff_(backoff) {}
     int64_t want(int64_t since_pass, double per_draft = 0) const {
         const double p = (accepted_ + 1.0) / (examined_ + 2.0);
         int64_t best = 0;
@@ -454,13 +456,15 @@ public:
     }
     // A pass of 1 + n_draft rows ended with next_draft of its drafts accepted.
     void pass(int64_t n_draft, int64_t next_draft) {
+        if (backoff_) probe_ = next_draft > 0 ? base_ : std::min(2 * probe_, 8 * base_);
         accepted_ = 0.7 * accepted_ + static_cast<double>(next_draft);
         examined_ = 0.7 * examined_ + static_cast<double>(next_draft + (next_draft < n_draft ? 1 : 0));
     }
 
 private:
     const PassCosts& costs_;
-    int64_t probe_;
+    int64_t base_, probe_;
+    bool backoff_;
     double accepted_ = 0, examined_ = 0;
 };
 
@@ -577,9 +581,10 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
         prefill(PromptInput{pass_rows.data(), 1 + next_draft, nullptr, nullptr, 0, true}, nullptr, false);
     };
     // Drafts from the MTP block (draft_nextn) where the lookup proposes none: their own policy (their
-    // acceptance is the block's, not the lookup's), probing every 16th token when none pays.
+    // acceptance is the block's, not the lookup's), probing every 16th token when none pays, less
+    // often while its probes fail (a probe costs a draft step and a 2-row pass: ~0.5 one-row steps).
     const bool nextn_drafts = nextn_ && !constraint;
-    DraftPolicy policy(pass_costs_), nextn_policy(pass_costs_, 16);
+    DraftPolicy policy(pass_costs_), nextn_policy(pass_costs_, 16, true);
     bool pass_from_nextn = false;
     int64_t since_nextn = 0;
     const float* logits = next_logits_.data();
