@@ -8,6 +8,7 @@ llama-cpp-python, F32 attention), run in a subprocess on the file llama.cpp's co
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,13 @@ def test_speculation_from_the_block_is_plain_greedy_and_keeps_its_cache(gguf: Pa
     fresh.restore(snap)
     again = fresh.generate(np.array(PROMPT[6:], dtype=np.int32), n, EOS)
     assert again["tokens"] == plain["tokens"]
+
+
+def test_the_cost_script_runs_from_a_separate_process(gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    done = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "mtp_cost.py"), str(gguf), "--tokens", "8",
+                           "--reps", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "one draft step of the block" in done.stdout and "break-even acceptance" in done.stdout
+    rec = json.loads(out.read_text())
+    assert rec["draft_step"] > 0 and len(rec["pass"]) == 8 and rec["pass"][0] == 1.0
