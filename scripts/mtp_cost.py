@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     m = runs["mtp"][0]
     print(f"  block on, its drafts failing      {mtp_ms:7.2f} ms/token  ({mtp_ms / plain_ms:.3f}x plain; "
           f"{m['passes']} passes, {m['accepted']}/{m['drafted']} drafts accepted)")
-    print(f"  one-row step with the block on    {one:7.2f} ms  ({one / plain_ms:.3f}x a plain step: its catch-up row)")
+    print(f"  one-row step with the block on    {one:7.2f} ms  ({one / plain_ms:.3f}x a plain step)")
     print(f"  one draft step of the block       {draft:7.3f} one-row steps")
     costs = ", ".join(f"k={k} {passes[k]:.2f}" for k in range(1, 1 + MAX_DRAFT))
     print(f"  pass of 1 + k rows (one-row steps): {costs}")

@@ -159,7 +159,6 @@ Decoder::Decoder(std::shared_ptr<const GGUFFile> file, int n_threads, int64_t n_
         alloc(nextn_h_, (b + 1) * d);
         alloc(nextn_cat_, b * 2 * d);
         alloc(draft_h_, d);
-        alloc(nextn_h_check_, d);
         alloc(draft_logits_, cfg_.n_vocab);
     }
 }
@@ -169,8 +168,38 @@ Decoder::~Decoder() = default;
 void Decoder::reset() {
     n_past_ = 0;
     std::fill(rec_.begin(), rec_.end(), 0.f);
-    nextn_first_ = 0;
+    nextn_first_ = nextn_done_ = nextn_pending_ = 0;
     std::fill(nextn_h_.begin(), nextn_h_.end(), 0.f);  // no position before the first
+}
+
+// The block's pending rows are positions nextn_done_ .. nextn_done_ + nextn_pending_ - 1 that the
+// decoder ran; before a chunk at pos0 the rows from pos0 on are dropped (the decoder runs them
+// again: a verification pass's unconfirmed rows), and the rest run first when n more would not fit.
+void Decoder::nextn_room(int64_t pos0, int64_t n) {
+    if (pos0 < nextn_done_) {  // only a rollback below a flush could ask this; the block restarts there
+        nextn_done_ = nextn_first_ = pos0;
+        nextn_pending_ = 0;
+        std::fill_n(nextn_h_.begin(), cfg_.n_embd, 0.f);
+        return;
+    }
+    nextn_pending_ = std::min(nextn_pending_, pos0 - nextn_done_);
+    if (nextn_pending_ + n > n_batch_) nextn_flush();
+}
+
+// The pending rows through the block, as one chunk (its cache then holds every position before
+// nextn_done_).
+void Decoder::nextn_flush() {
+    const int64_t n = nextn_pending_, d = cfg_.n_embd, rd = cfg_.rope_dims;
+    if (n == 0) return;
+    const Chunk ch{n, nextn_done_, Compute::phase_for(n)};
+    for (int64_t t = 0; t < n; ++t)
+        evk::rope_angles(static_cast<float>(ch.pos0 + t) / cfg_.rope_scale, cfg_.rope_base, rd, &s_.rope_cs[t * rd]);
+    DecoderContext ctx{cfg_, compute_, s_, n_ctx_};
+    arch_->begin_chunk(ctx, ch);
+    nextn_rows(ch, nextn_h_.data(), nullptr);
+    std::copy_n(nextn_h_.begin() + n * d, d, nextn_h_.begin());  // the position before the next row
+    nextn_done_ += n;
+    nextn_pending_ = 0;
 }
 
 LayerCache Decoder::nextn_cache() {
@@ -224,6 +253,7 @@ void Decoder::prefill(const PromptInput& p, float* logits, bool all_logits) {
 // image feature row where the position is a slot.
 void Decoder::embed(const PromptInput& p, int64_t c0, int64_t cn) {
     const int64_t d = cfg_.n_embd;
+    if (nextn_) nextn_room(n_past_, cn);  // first: running pending rows overwrites s.x
     for (int64_t i = 0; i < cn; ++i)
         evk::dequantize_row(tok_embd_.type,
                             static_cast<const char*>(tok_embd_.data) + static_cast<size_t>(p.ids[c0 + i]) * tok_embd_.row_bytes,
@@ -234,15 +264,16 @@ void Decoder::embed(const PromptInput& p, int64_t c0, int64_t cn) {
     for (const int64_t* sl = first; sl != p.slots + p.n_slots && *sl < c0 + cn; ++sl)
         std::memcpy(&s_.x[(*sl - c0) * d], p.features + (sl - p.slots) * d, static_cast<size_t>(d) * sizeof(float));
     if (!nextn_) return;
-    // The MTP block's input rows: the same, unless it has token embeddings of its own.
-    std::copy_n(s_.x.begin(), cn * d, nextn_e_.begin());
+    // The MTP block's input rows, after its pending ones: the same, unless it has token embeddings of its own.
+    float* rows = nextn_e_.data() + nextn_pending_ * d;
+    std::copy_n(s_.x.begin(), cn * d, rows);
     if (!nextn_->embed.data) return;
     for (int64_t i = 0; i < cn; ++i)
         if (!std::binary_search(p.slots, p.slots + p.n_slots, c0 + i)) {
             const Weight& e = nextn_->embed;
             evk::dequantize_row(e.type, static_cast<const char*>(e.data) + static_cast<size_t>(p.ids[c0 + i]) * e.row_bytes,
-                                &nextn_e_[i * d], d);
-            for (int64_t j = 0; j < d; ++j) nextn_e_[i * d + j] *= cfg_.embd_scale;
+                                rows + i * d, d);
+            for (int64_t j = 0; j < d; ++j) rows[i * d + j] *= cfg_.embd_scale;
         }
 }
 
@@ -269,6 +300,8 @@ int64_t Decoder::draft_nextn(int32_t token, int64_t k, const std::vector<int32_t
     check_ids(&token, 1, cfg_.n_vocab);
     const int64_t d = cfg_.n_embd, V = cfg_.n_vocab, rd = cfg_.rope_dims;
     k = std::min(k, n_ctx_ - n_past_);
+    nextn_room(n_past_, 0);
+    nextn_flush();  // the block's cache now holds every position before n_past, row 0 the hidden state of n_past - 1
     const Weight& e = nextn_->embed.data ? nextn_->embed : tok_embd_;
     const Weight& head = nextn_->head.data ? nextn_->head : output_;
     std::copy_n(nextn_h_.begin(), d, draft_h_.begin());
@@ -321,13 +354,16 @@ void Decoder::forward_chunk(const Chunk& ch, float* logits, bool all_logits) {
     if (!nextn_) return;
     // The MTP block runs the chunk's positions too (its cache must hold what a draft attends to):
     // row t pairs the token at pos0 + t with the decoder's final-normed hidden state at pos0 + t - 1.
+    // They wait as pending rows (embed() put their inputs there) and run as one chunk before the
+    // next draft (draft_nextn) or when the rows fill n_batch: one weight read for many positions
+    // instead of a one-row step beside every decoded token.
     const evk::OpTable& op = compute_.ops();
     const int64_t n = ch.n, d = cfg_.n_embd;
+    float* h = nextn_h_.data() + (1 + nextn_pending_) * d;
     compute_.rows(n, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) op.rmsnorm(&s_.x[t * d], output_norm_.data(), &nextn_h_[(1 + t) * d], d, cfg_.rms_eps);
+        for (int64_t t = t0; t < t1; ++t) op.rmsnorm(&s_.x[t * d], output_norm_.data(), h + t * d, d, cfg_.rms_eps);
     });
-    nextn_rows(ch, nextn_h_.data(), nullptr);
-    std::copy_n(nextn_h_.begin() + n * d, d, nextn_h_.begin());  // the position before the next chunk
+    nextn_pending_ += n;
 }
 
 void append_kv(DecoderContext& c, const LayerCache& cache, const Chunk& ch) {
@@ -570,13 +606,8 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     int64_t pass_pos0 = 0;
     auto settle_pass = [&] {  // the last pass's unconfirmed rows out of the recurrent state
         if (n_draft == 0 || next_draft == n_draft) return;
-        if (!recurrent) {
-            // The MTP block's hidden input: the last confirmed row's, not the pass's last row's.
-            if (nextn_) std::copy_n(nextn_h_.begin() + (1 + next_draft) * cfg_.n_embd, cfg_.n_embd, nextn_h_.begin());
-            return;
-        }
+        if (!recurrent) return;  // (the MTP block's rows past the confirmed ones are dropped when they run again)
         std::copy(rec_check_.begin(), rec_check_.end(), rec_.begin());
-        std::copy(nextn_h_check_.begin(), nextn_h_check_.end(), nextn_h_.begin());
         n_past_ = pass_pos0;
         prefill(PromptInput{pass_rows.data(), 1 + next_draft, nullptr, nullptr, 0, true}, nullptr, false);
     };
@@ -667,7 +698,6 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             std::copy(draft.begin(), draft.begin() + k, pass_rows.begin() + 1);
             if (recurrent) {
                 std::copy(rec_.begin(), rec_.end(), rec_check_.begin());
-                std::copy_n(nextn_h_.begin(), nextn_h_check_.size(), nextn_h_check_.begin());
                 pass_pos0 = n_past_;
             }
             prefill(PromptInput{pass_rows.data(), 1 + k, nullptr, nullptr, 0, true}, spec_logits_.data(), true);
@@ -761,7 +791,8 @@ void Decoder::restore(const KVSnapshot& s) {
     std::copy(s.recurrent.begin(), s.recurrent.end(), rec_.begin());
     n_past_ = s.n_past;
     // A snapshot has no MTP cache: the block attends from here on, its first hidden input zeros.
-    nextn_first_ = n_past_;
+    nextn_first_ = nextn_done_ = n_past_;
+    nextn_pending_ = 0;
     std::fill(nextn_h_.begin(), nextn_h_.end(), 0.f);
 }
 

@@ -318,6 +318,8 @@ private:
     // The MTP block over the chunk's rows: inputs e_ (embedded rows) and hidden rows h_prev[t]
     // (row t's previous position), outputs (head-normed) into h_out rows; s.x is overwritten.
     void nextn_rows(const Chunk& ch, const float* h_prev, float* h_out);
+    void nextn_room(int64_t pos0, int64_t n);  // pending rows from pos0 on dropped; room for n more
+    void nextn_flush();                        // the pending rows through the block
 
     std::shared_ptr<const GGUFFile> file_;
     DecoderConfig cfg_;
@@ -339,14 +341,15 @@ private:
     PassCosts pass_costs_;                      // generate()'s verification passes: their measured cost
     std::vector<float> spec_logits_;           // generate()'s verification passes: (1 + kMaxDraft) rows of n_vocab
     // The multi-token-prediction block (mtp): its weights (the arch's), its cache (K then V, kv_type_),
-    // the first position that cache holds, the chunk's embedded rows, the decoder's final-normed
-    // hidden rows [1 + n_batch][n_embd] (row 0: the position before the chunk; after a chunk, its
-    // last row), the block's joined input [n_batch][2 n_embd], a draft step's hidden state and logits.
+    // the first position that cache holds, its pending rows' inputs [n_batch][n_embd] (embedded
+    // rows) and the decoder's final-normed hidden rows [1 + n_batch][n_embd] (row 0: the position
+    // before the first pending row), the block's joined input [n_batch][2 n_embd], a draft step's
+    // hidden state and logits.
     const NextNWeights* nextn_ = nullptr;
     std::vector<uint8_t> nextn_kv_;
     int64_t nextn_first_ = 0;
     std::vector<float> nextn_e_, nextn_h_, nextn_cat_, draft_h_, draft_logits_;
-    std::vector<float> nextn_h_check_;  // generate(): nextn_h_'s row 0 before a verification pass
+    int64_t nextn_done_ = 0, nextn_pending_ = 0;  // the block's cache holds positions < done; pending rows wait
     int64_t n_past_ = 0;
     std::atomic<bool> cancel_{false};
     // generate()'s output while it runs (progress()): its token buffer, reserved up front so that
