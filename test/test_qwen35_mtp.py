@@ -9,6 +9,7 @@ llama-cpp-python, F32 attention), run in a subprocess on the file llama.cpp's co
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,17 @@ def test_the_cost_script_runs_from_a_separate_process(gguf: Path, tmp_path: Path
     assert "one draft step of the block" in done.stdout and "break-even acceptance" in done.stdout
     rec = json.loads(out.read_text())
     assert rec["draft_step"] > 0 and len(rec["pass"]) == 8 and rec["pass"][0] == 1.0
+
+
+def test_text_model_says_whether_it_drafts_from_the_block(gguf: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from edgevlm_ros.engine.text_model import TextModel
+
+    with caplog.at_level(logging.INFO, logger="edgevlm"):
+        with_block = TextModel(gguf, threads=2, n_ctx=256, mtp=True)
+        without = TextModel(qf.cached_qwen35_llama_cpp_gguf(LAYERS), threads=2, n_ctx=256, mtp=True)
+    assert with_block.native.has_mtp and not without.native.has_mtp
+    assert "drafts from its multi-token-prediction block too" in caplog.text
+    assert "the file has no multi-token-prediction block" in caplog.text
+    ids = with_block.encode_prompt("Describe the robot.")
+    r = with_block.generate_ids(ids, max_new_tokens=20)
+    assert r.token_ids == without.generate_ids(ids, max_new_tokens=20).token_ids  # the same decoder weights

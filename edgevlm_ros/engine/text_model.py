@@ -44,6 +44,10 @@ class TextModel:
         self.native = _engine.Decoder(self.file, threads=threads or default_threads(), n_ctx=n_ctx, n_batch=n_batch,
                                       kv_type=kv_type, mtp=mtp)
         self.config: dict[str, Any] = self.native.config
+        if mtp:
+            log.info("%s: %s", self.path.name,
+                     "drafts from its multi-token-prediction block too" if self.native.has_mtp else
+                     "mtp: the file has no multi-token-prediction block; drafts come from earlier answers only")
         log.info("%s: kernels %s (operator table: %s)", self.path.name, self.native.variants(),
                  _engine.optable_source())
         if self.tokenizer.vocab_size > self.config["n_vocab"]:
