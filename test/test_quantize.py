@@ -199,6 +199,32 @@ def qwen35_k_quant_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_llama_cpp
+def test_qwen35_mix_with_an_mtp_block_matches_llama_cpp(tmp_path: Path) -> None:
+    """The same with a multi-token-prediction block (block 8: a full-attention layer and nextn.*, as
+    llama.cpp's converter writes it): llama.cpp's quantizer and plan_types choose alike for every
+    tensor in every mix, and our Q4_K_M file drafts from the block."""
+    import qwen35_tiny
+
+    src = tmp_path / "qwen35-mtp-f16.gguf"
+    qwen35_tiny.write(src, tied=True, layer_list=True, kinds=("f16",), vocab=True, c=qwen35_tiny.K_QUANT_SHAPES,
+                      mtp=True)
+    for mix in MIXES:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = FTYPES[mix]
+        params.allow_requantize = True
+        params.nthread = 2
+        out = tmp_path / f"{mix}.gguf"
+        assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+        assert {k: t.name for k, t in plan_types(_specs(src), mix).items()} == _types(out), mix
+    ours = quantize(src, tmp_path / "ours-q4_k_m.gguf", "q4_k_m").path
+    dec = _engine.Decoder(_engine.GGUFFile(str(ours)), threads=2, n_ctx=64, mtp=True)
+    assert dec.has_mtp
+    dec.forward(np.array([1, 2, 3], dtype=np.int32))
+    drafts, logits = dec.draft_mtp(4, 3)
+    assert len(drafts) == 3 and np.isfinite(logits).all()
+
+
+@needs_llama_cpp
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_qwen35_mix_matches_llama_cpp(qwen35_k_quant_file: Path, tmp_path: Path, mix: str) -> None:
     """llama.cpp's own quantizer on a qwen35 file chooses every tensor's type as plan_types does."""

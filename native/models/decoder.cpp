@@ -605,8 +605,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
     std::array<int32_t, 1 + kMaxDraft> pass_rows{};
     int64_t pass_pos0 = 0;
     auto settle_pass = [&] {  // the last pass's unconfirmed rows out of the recurrent state
-        if (n_draft == 0 || next_draft == n_draft) return;
-        if (!recurrent) return;  // (the MTP block's rows past the confirmed ones are dropped when they run again)
+        if (!recurrent || n_draft == 0 || next_draft == n_draft) return;
         std::copy(rec_check_.begin(), rec_check_.end(), rec_.begin());
         n_past_ = pass_pos0;
         prefill(PromptInput{pass_rows.data(), 1 + next_draft, nullptr, nullptr, 0, true}, nullptr, false);
@@ -681,7 +680,7 @@ void Decoder::generate(const PromptInput& p, int64_t max_new, const std::vector<
             const int64_t want = std::min({nextn_policy.want(since_nextn, pass_costs_.draft_cost()), max_new - i - 2,
                                            n_ctx_ - n_past_ - 1});
             if (want > 0) {
-                const Clock::time_point td = Clock::now();
+                const Clock::time_point td = Clock::now();  // the block's waiting rows, then its steps
                 k = draft_nextn(next, want, stop_ids, draft.data(), nullptr);
                 pass_costs_.draft_timed(ms_since(td) / static_cast<double>(std::min(want, k + 1)));
                 pass_from_nextn = k > 0;
