@@ -29,6 +29,7 @@ import functools
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,44 @@ def reference_processor(slice_mode: bool = True, downsample_mode: str = "16x", m
     image = MiniCPMV4_6ImageProcessorPil(slice_mode=slice_mode, downsample_mode=downsample_mode,
                                          max_slice_nums=max_slice_nums, use_image_id=use_image_id)
     return Processor(image_processor=image, video_processor=MiniCPMV4_6VideoProcessor(), tokenizer=hf_tokenizer())
+
+
+def cached_text_with_mtp_block(text: Path, donor: Path) -> Path:
+    """`text` (a qwen35 GGUF without a multi-token-prediction block) with the block of `donor` (a qwen35
+    file of the same widths whose block n_layer is one, e.g. qwen35_fixtures.cached_qwen35_mtp_llama_cpp_gguf)
+    appended as llama.cpp's converter lays it out: block_count + 1, nextn_predict_layers 1, the layer
+    list one longer. Rewritten by llama.cpp's own gguf-py (its reader and writer), built once."""
+    from qwen35_fixtures import llama_cpp_files
+
+    args = {"text": str(text), "text_size": text.stat().st_size, "donor": str(donor),
+            "donor_size": donor.stat().st_size, "version": 1}
+    out = cache_root() / f"{text.stem}-with-mtp"
+
+    def write(tmp: Path) -> None:
+        sys.path.insert(0, str(llama_cpp_files() / "gguf-py"))
+        import gguf
+
+        src, extra = gguf.GGUFReader(text), gguf.GGUFReader(donor)
+        n_layer = int(src.fields["qwen35.block_count"].contents())
+        w = gguf.GGUFWriter(tmp / f"{text.stem}-with-mtp.gguf", "qwen35")
+        for field in src.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                continue
+            value = field.contents()
+            if field.name == "qwen35.block_count":
+                value = n_layer + 1
+            elif field.name == "qwen35.attention.recurrent_layers":
+                value = [*value, False]
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(field.name, value, field.types[0], sub_type=sub)
+        w.add_uint32("qwen35.nextn_predict_layers", 1)
+        block = f"blk.{n_layer}."
+        for t in [*src.tensors, *(t for t in extra.tensors if t.name.startswith(block))]:
+            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    build_once(out, args, write)
+    return next(out.glob("*.gguf"))

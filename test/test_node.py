@@ -732,3 +732,34 @@ def test_minicpmv_pair_over_dds_with_prefix_cache_and_deadline(minicpmv_pair: tu
     # The same frames through the engine with no prefix cache at all: the same text.
     vlm = load_vlm(*minicpmv_pair, threads=2, system_prompt=system_prompt, prefix_cache=False)
     assert [vlm.describe(p, prompt, MAX_NEW_TOKENS).text for p in pictures] == texts
+
+
+def test_mtp_parameter_over_dds_gives_the_same_text(minicpmv_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """mtp:=true with a text file that carries a multi-token-prediction block (the MiniCPM-V pair's
+    text with a Qwen3.5 block appended, llama.cpp's layout): the node loads the block, says so, and
+    describes frames with the text plain greedy gives (the engine without the block or a cache)."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from minicpmv_fixtures import cached_text_with_mtp_block
+    from qwen35_fixtures import cached_qwen35_mtp_llama_cpp_gguf
+
+    from edgevlm_ros.engine.vlm import load_vlm
+
+    text = cached_text_with_mtp_block(minicpmv_pair[0], cached_qwen35_mtp_llama_cpp_gguf(4))
+    pair = (text, minicpmv_pair[1])
+    prompt = "What is in front of the robot?"
+    params = {"max_new_tokens": MAX_NEW_TOKENS, "prompt": prompt, "prefix_cache_dir": str(tmp_path / "cache"),
+              "mtp": True}
+    domain = random_domain_id()
+    peer = RosPeer(domain)
+    picture = exact_picture(seed=5)
+    with contextlib.ExitStack() as stack:
+        stack.callback(peer.close)
+        diag = peer.inbox(DiagnosticArray, "/diagnostics", qos=500)
+        node = start_node(peer, tmp_path, domain, "mtp", diag, pair, params, with_outputs=True, stack=stack)
+        wait_ready(node, timeout=300)
+        assert "drafts from its MTP block" in node.child.output()
+        _, status = node.describe(make_image(picture, "rgb8", peer.now().to_msg()), timeout=300)
+        assert status.level == b"\x00", status.message
+        text_over_dds = diag_values(status)["text"]
+    plain = load_vlm(*minicpmv_pair, threads=2, prefix_cache=False)
+    assert plain.describe(picture, prompt, MAX_NEW_TOKENS).text == text_over_dds

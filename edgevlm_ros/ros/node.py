@@ -224,8 +224,16 @@ class VlmNodeCore:
         self.get_logger().info(
             f"engine loaded in {time.perf_counter() - t0:.1f} s (model {p.model or 'default'}, mmproj "
             f"{p.mmproj or 'default'}, image_mode {p.image_mode}, threads {p.threads or 'auto'}, "
-            f"prefix cache: {self._prefix_status})"
+            f"prefix cache: {self._prefix_status}{self._mtp_status()})"
         )
+        if p.mtp and not self._vlm.text.native.has_mtp:
+            self.get_logger().warning("mtp: the model file has no multi-token-prediction block; "
+                                      "drafts come from earlier answers only")
+
+    def _mtp_status(self) -> str:
+        if not self.params.mtp or self._vlm is None:
+            return ""
+        return ", drafts from its MTP block" if self._vlm.text.native.has_mtp else ", no MTP block in the file"
 
     def unload_engine(self) -> None:
         """Drops the engine (the model files are unmapped, its buffers freed and handed back to the
