@@ -11,7 +11,8 @@ steps, and from them the acceptance rate the block's drafts need before a pass o
 gain(k, p) = (1 + p + ... + p^k) / (pass(k) + k * draft), p the chance a draft is accepted given the
 one before it was.
 
-    scripts/mtp_cost.py MODEL [--tokens 64] [--reps 3] [--threads 2]
+    scripts/mtp_cost.py MODEL [--tokens 64] [--reps 3] [--threads 2] [--json OUT]
+    EDGEVLM_OPTABLE=config/optable-robot-avx2-vnni.tsv scripts/mtp_cost.py MODEL   # the robot profile
 
 A random-weight file's block never predicts the decoder's tokens, so `mtp` there measures the price
 of having it on where its drafts fail (the catch-up rows and the policy's probes); what it gains
@@ -33,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgevlm_ros import _engine  # noqa: E402
 from edgevlm_ros.engine.text_model import TextModel  # noqa: E402
 from edgevlm_ros.tools.bench import _prefill_ids  # noqa: E402
 
@@ -59,6 +61,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     native.reset()
     r = native.generate(prompt, args.tokens, [], 0.0, None, None)
     out: dict[str, Any] = {"tokens": [int(t) for t in r["tokens"]], "ms_per_token": r["decode_ms"] / (args.tokens - 1),
+                           "optable": _engine.optable_source(), "variants": native.variants(),
                            "passes": int(r["spec_passes"]), "drafted": int(r["spec_drafted"]),
                            "accepted": int(r["spec_accepted"])}
     if mtp:
@@ -120,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     one = statistics.median(r["pass_ms"][0] for r in runs["mtp"])
     passes = [statistics.median(r["pass_ms"][k] for r in runs["mtp"]) / one for k in range(1 + MAX_DRAFT)]
     draft = statistics.median(r["draft_ms"] for r in runs["mtp"]) / one
-    print(f"{args.model.name}: {args.tokens} tokens, {args.threads} threads, median of {args.reps} (alternated)")
+    print(f"{args.model.name}: {args.tokens} tokens, {args.threads} threads, median of {args.reps} (alternated); "
+          f"operator table: {runs['mtp'][0]['optable']} ($EDGEVLM_OPTABLE picks another, e.g. "
+          "config/optable-robot-avx2-vnni.tsv)")
     print(f"  plain decode                      {plain_ms:7.2f} ms/token")
     m = runs["mtp"][0]
     print(f"  block on, its drafts failing      {mtp_ms:7.2f} ms/token  ({mtp_ms / plain_ms:.3f}x plain; "
