@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--prefix-cache-dir", default=None, help="directory for the system prompt's KV cache file")
     desc.add_argument("--kv-type", choices=KV_TYPES, default="f32",
                       help="how the KV cache stores keys and values (f32)")
+    desc.add_argument("--vision-int8", action="store_true",
+                      help="int8 products for the vision tower where this CPU has them (AVX-VNNI): faster, features "
+                           "move by int8's rounding")
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     desc.add_argument("--choice", action="append", default=None, metavar="TEXT",
                       help="the answer is exactly one of these (repeat it: --choice yes --choice no)")
@@ -111,7 +114,7 @@ def _describe(args: argparse.Namespace) -> int:
     rgb = _read_rgb(args.image)
     vlm = load_vlm(*resolve_pair(args.model, args.mmproj), threads=args.threads, image_mode=args.image_mode,
                    system_prompt=args.system, prefix_cache_dir=args.prefix_cache_dir, longest_edge=args.longest_edge,
-                   kv_type=args.kv_type)
+                   kv_type=args.kv_type, vision_int8=args.vision_int8)
     default_prompt = DEFAULT_PROMPT if args.model or args.mmproj else DEMO_PROMPT
     schema = args.schema
     if schema is not None and schema.startswith("@"):

@@ -14,8 +14,8 @@
 namespace evk {
 
 // How a weight's bytes are laid out: the file's rows, or packed (kernels/matmul/packed_x8.h,
-// kernels/matmul/packed_p16.h).
-enum class WLayout : uint8_t { kRows = 0, kX8 = 1, kP16 = 2 };
+// kernels/matmul/packed_p16.h, kernels/matmul/packed_q8u.h).
+enum class WLayout : uint8_t { kRows = 0, kX8 = 1, kP16 = 2, kQ8U = 3 };
 
 // y[t][r] = dot(W row r, x[t]) for rows [row0, row1) and tokens t in [0, m). Every variant gives
 // token t the same bits whatever m and the tokens beside it (kernel_check): a verification pass's
@@ -237,7 +237,9 @@ struct MatmulChoice {
     int64_t panel_rows = 48;       // prefill: rows a call works through at a time (the runtime's chunks are multiples)
 };
 // The variant the active operator table picks (the first matching rule that runs on this CPU).
-MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k);
+// int8: a prefill product whose user allowed int8 activations and requantized weights (vision_int8):
+// rules of the table's phase `int8` match it too, where they come first; without int8 they never match.
+MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k, bool int8 = false);
 // For an operator of EVK_OPS: the name of the variant the active table picks, "ref" when no rule
 // does. Throws std::invalid_argument for any other name.
 std::string choose(const std::string& op);

@@ -19,6 +19,7 @@
 #include <stdexcept>
 
 #include "matmul/packed_p16.h"
+#include "matmul/packed_q8u.h"
 #include "matmul/packed_x8.h"
 #include "ops.h"
 
@@ -61,6 +62,8 @@ void matmul_avx512vnni_q8act_k(const MatmulArgs&);
 void matmul_avx512_gemm(const MatmulArgs&);
 void matmul_amx_gemm(const MatmulArgs&);
 void matmul_avx512vnni_q8act_gemm(const MatmulArgs&);
+void matmul_avxvnni_q8act_gemm(const MatmulArgs&);
+void matmul_avx512vnni_q8act_gemm_ymm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
 extern const ActPrep kActQ8Blocks;
 void attention_avx2(const AttentionArgs&);
@@ -207,6 +210,7 @@ EVK_OPS(EVK_KERNEL_OF)
 
 const MatmulPacking kPackX8{"x8", WLayout::kX8, x8_packed_bytes, x8_pack};
 const MatmulPacking kPackP16{"p16", WLayout::kP16, p16_packed_bytes, p16_pack};
+const MatmulPacking kPackQ8U{"q8u", WLayout::kQ8U, q8u_packed_bytes, q8u_pack};
 
 struct Variant {
     const char* name;
@@ -271,6 +275,12 @@ const std::vector<Variant>& registry() {
         {EVK_V(matmul, avx512vnni_q8act_gemm), {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL, DType::Q2_K,
                                                 DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K},
          "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", nullptr, WLayout::kX8, nullptr, &kActQ8Blocks, 16},
+        // Float weights requantized to int8 blocks at load (the q8u copy): only where a user allowed int8
+        // products (the table's int8 phase: vision_int8).
+        {EVK_V(matmul, avxvnni_q8act_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q8_0}, "avx2,fma,f16c,avxvnni",
+         &kPackQ8U, WLayout::kRows, nullptr, &kActQ8Blocks, 16},
+        {EVK_V(matmul, avx512vnni_q8act_gemm_ymm), {DType::F32, DType::F16, DType::BF16, DType::Q8_0},
+         "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackQ8U, WLayout::kRows, nullptr, &kActQ8Blocks, 16},
         {EVK_V(matmul, avx2_q8act), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c", &kPackX8},
         {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c,avxvnni",
@@ -367,7 +377,7 @@ Rule parse_rule(const std::string& text, const std::string& where) {
     if (!(ls >> r.op >> r.format >> r.phase >> r.shape >> r.features >> r.variant) || (ls >> extra))
         throw std::invalid_argument(where + ": expected 6 columns");
     if (!known_op(r.op)) throw std::invalid_argument(where + ": unknown operator '" + r.op + "'");
-    if (r.phase != "*" && r.phase != "decode" && r.phase != "prefill")
+    if (r.phase != "*" && r.phase != "decode" && r.phase != "prefill" && r.phase != "int8")
         throw std::invalid_argument(where + ": unknown phase '" + r.phase + "'");
     if (!valid_shape(r.shape)) throw std::invalid_argument(where + ": bad shape class '" + r.shape + "'");
     for (const std::string& feature : feature_list(r.features))
@@ -452,18 +462,21 @@ OpTable make_reference() {
 
 }  // namespace
 
-MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k) {
+MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k, bool int8) {
     const CpuFeatures f = detect_cpu_features();
     const char* phase_name = phase == kDecode ? "decode" : "prefill";
+    if (int8 && phase != kPrefill) throw std::invalid_argument("int8 products are chosen for prefill only");
     const TypeTraits* tt = type_traits(t);
     Active& a = active();
     std::lock_guard<std::mutex> lk(a.mu);
     for (const Rule& r : a.rules) {
         if (r.op != "matmul" || (r.format != "*" && (!tt || r.format != tt->name)) ||
-            (r.phase != "*" && r.phase != phase_name) || !shape_matches(r.shape, rows, k) || !has_features(f, r.features))
+            (r.phase != "*" && r.phase != phase_name && !(int8 && r.phase == "int8")) || !shape_matches(r.shape, rows, k) || !has_features(f, r.features))
             continue;
         const Variant* v = find_variant("matmul", r.variant);
-        if (v && supports(*v, t) && has_features(f, v->needs)) return v->choice();
+        // A variant with a layout of its own serves only the shapes it can lay out (q8u: whole blocks of 32).
+        if (v && supports(*v, t) && has_features(f, v->needs) && (!v->packing || v->packing->bytes(t, rows, k) != 0))
+            return v->choice();
     }
     return {matmul_ref, "ref"};
 }

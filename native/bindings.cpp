@@ -448,19 +448,20 @@ PYBIND11_MODULE(_engine, m) {
         .def("restore", [](Decoder& mdl, const KVSnapshot& s) { mdl.restore(s); });
 
     py::class_<VisionModel>(m, "VisionModel")
-        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads) {
+        .def(py::init([](std::shared_ptr<GGUFFile> f, int threads, bool int8) {
                  if (threads < 1 || threads > 256) throw py::value_error("threads must be in 1..256");
                  py::gil_scoped_release nogil;
-                 return std::make_unique<VisionModel>(std::move(f), threads);
+                 return std::make_unique<VisionModel>(std::move(f), threads, int8);
              }),
-             py::arg("file"), py::arg("threads") = 1)
+             py::arg("file"), py::arg("threads") = 1, py::arg("int8") = false,
+             "int8: allow int8 products for the tower's matrices (vision_int8), where the operator table has an int8 rule.")
         .def_property_readonly("config", [](const VisionModel& mdl) {
             const VisionConfig& c = mdl.config();
             py::dict d;
             d["projector"] = c.projector; d["image_size"] = c.image_size; d["patch_size"] = c.patch_size;
             d["n_embd"] = c.n_embd; d["n_ff"] = c.n_ff; d["n_layer"] = c.n_layer; d["n_head"] = c.n_head;
             d["proj_dim"] = c.proj_dim; d["scale_factor"] = c.scale_factor; d["eps"] = c.eps;
-            d["tokens_per_tile"] = c.n_out(); d["ffn_swapped"] = mdl.ffn_swapped();
+            d["tokens_per_tile"] = c.n_out(); d["ffn_swapped"] = mdl.ffn_swapped(); d["int8"] = c.int8;
             return d;
         })
         .def("variants", &VisionModel::variants, "Which kernel variant serves each operator.")

@@ -306,9 +306,11 @@ void register_kernel_bindings(py::module_& m) {
         return l;
     });
     m.def("choose_matmul", [](const std::string& wtype, const std::string& phase, int64_t rows, int64_t k) {
-        if (phase != "decode" && phase != "prefill") throw py::value_error("phase must be decode or prefill");
-        return std::string(evk::choose_matmul(dtype_named(wtype), phase == "decode" ? evk::kDecode : evk::kPrefill, rows, k).name);
-    }, "The variant the active operator table picks.");
+        if (phase != "decode" && phase != "prefill" && phase != "int8")
+            throw py::value_error("phase must be decode, prefill or int8");
+        return std::string(evk::choose_matmul(dtype_named(wtype), phase == "decode" ? evk::kDecode : evk::kPrefill, rows, k,
+                                              phase == "int8").name);
+    }, "The variant the active operator table picks (int8: a prefill product with int8 products allowed, vision_int8).");
 
     m.def("kernel_attention", [](const std::string& table, py::array_t<float, py::array::c_style | py::array::forcecast> q,
                                  py::array_t<float, py::array::c_style | py::array::forcecast> k,

@@ -49,7 +49,8 @@ Weight make_weight(evk::DType type, const void* data, int64_t rows, int64_t cols
     w.cols = cols;
     w.row_bytes = evk::row_bytes(type, cols);
     if (use == WeightUse::kBoth) set_kernel(w, evk::kDecode, evk::choose_matmul(type, evk::kDecode, rows, cols), arena);
-    if (use != WeightUse::kUnset) set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols), arena);
+    if (use != WeightUse::kUnset)
+        set_kernel(w, evk::kPrefill, evk::choose_matmul(type, evk::kPrefill, rows, cols, use == WeightUse::kPrefillInt8), arena);
     return w;
 }
 

@@ -59,9 +59,10 @@ private:
 };
 
 // Which phases a weight serves: both (the text model), prefill only (the vision tower: no decode
-// kernel, so the prefill kernel's preferred layout costs no second copy), or none yet (the caller
-// sets the kernels with set_kernel: tests and tuning).
-enum class WeightUse { kBoth, kPrefillOnly, kUnset };
+// kernel, so the prefill kernel's preferred layout costs no second copy), prefill only with int8
+// products allowed (the vision tower with vision_int8: the table's int8 rules match too), or none
+// yet (the caller sets the kernels with set_kernel: tests and tuning).
+enum class WeightUse { kBoth, kPrefillOnly, kPrefillInt8, kUnset };
 
 // A Weight view of raw memory, with its kernels chosen from the operator table; a packed copy,
 // if a kernel needs (or prefers) one, comes from `arena` (its own allocation without one).

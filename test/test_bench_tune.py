@@ -207,8 +207,9 @@ def test_tune_quick_writes_a_table_the_engine_uses(tmp_path, capsys, restore_opt
         for phase in ("decode", "prefill"):
             variant = first[(fmt, phase, "any")]
             assert variant in available
-            # A layer-sized matrix (below any rows>= head rule) gets exactly the written winner.
-            assert _engine.choose_matmul(fmt, phase, 96, 128) == variant, (fmt, phase)
+            # A layer-sized matrix (below any rows>= head rule; k = 256, whole blocks of every
+            # format, which a packed layout needs) gets exactly the written winner.
+            assert _engine.choose_matmul(fmt, phase, 96, 256) == variant, (fmt, phase)
             # ...and the reference closes every (format, phase) block.
             tuned = text.split("# built-in rules", 1)[0]
             block = [ln.split()[5] for ln in tuned.splitlines() if ln.split()[:4] == ["matmul", fmt, phase, "any"]]

@@ -43,7 +43,11 @@ DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the varian
 FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
 INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8", "avx512vnni_q8act_x8",
                      "avx512vnni_q8act_x8_ymm", "avx2_q8act_k", "avxvnni_q8act_k", "avx512vnni_q8act_k",
-                     "avx512vnni_q8act_gemm"}
+                     "avx512vnni_q8act_gemm", "avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm"}
+# Of those, the ones that requantize float weights to int8 blocks at load (the q8u layout; a last partial
+# block of columns zero-padded, in the activations too): on F32 / F16 / BF16 their bound adds
+# requant_bound.
+REQUANT_VARIANTS = {"avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm"}
 SPLIT_BF16_VARIANTS = {"amx_gemm"}
 SPLIT_BF16_TOL = 6e-5  # of sum |w||x|
 GEMM_VARIANTS = ("avx512_gemm", "amx_gemm")  # the panel GEMMs with p16 and k-block paths of their own
@@ -104,13 +108,32 @@ def grid_activations(m: int, cols: int) -> np.ndarray:
     return (q * scale).reshape(m, cols).astype(np.float32)
 
 
+def _pad32(a: np.ndarray) -> np.ndarray:
+    """a with zero columns up to a whole number of blocks of 32 (as the int8 kernels pad a last
+    partial block)."""
+    return np.pad(a, ((0, 0), (0, -a.shape[1] % 32)))
+
+
 def act_quant_bound(wd: np.ndarray, x: np.ndarray) -> np.ndarray:
     """(m, rows): the most that int8 block quantization of x (d = max|x| / 127, round to nearest)
     can move W x: sum over blocks of d_b / 2 * sum_{k in b} |w_k|."""
+    wd, x = _pad32(wd), _pad32(x)
     m, cols = x.shape
     d = np.abs(x.astype(np.float64)).reshape(m, cols // 32, 32).max(axis=2) / 127.0
     wsum = np.abs(wd.astype(np.float64)).reshape(wd.shape[0], cols // 32, 32).sum(axis=2)
     return 0.5 * d @ wsum.T * (1 + 1e-6)
+
+
+def requant_bound(wd: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(m, rows): what requantizing float weights to int8 (step amax / 127 per block of 32, in
+    float) adds: each weight moves by at most half its block's step (0.6 with float slack), against
+    the activations and their own int8 rounding (half their step)."""
+    wd, x = _pad32(wd), _pad32(x)
+    m, cols = x.shape
+    x64 = np.abs(x.astype(np.float64)).reshape(m, cols // 32, 32)
+    step_w = np.abs(wd.astype(np.float64)).reshape(wd.shape[0], cols // 32, 32).max(axis=2) / 127.0
+    xs = x64.sum(axis=2) + 16.0 * x64.max(axis=2) / 127.0
+    return 0.6 * xs @ step_w.T * (1 + 1e-6)
 
 
 def check_close(got: np.ndarray, want: np.ndarray, bound: np.ndarray, what: str) -> None:
@@ -170,6 +193,8 @@ def test_matmul_variants_vs_ref_vs_numpy(wtype: str) -> None:
             outputs: dict[str, np.ndarray] = {}
             for variant in variants:
                 bound = int8_bound if variant in INT8_ACT_VARIANTS else float_bound(variant, magnitude)
+                if variant in REQUANT_VARIANTS and wtype in FLOAT_TYPES:
+                    bound = act_quant_bound(wd, x) + requant_bound(wd, x) + tight
                 for threads in THREADS:
                     y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=threads)
                     what = f"{variant} {shape} threads={threads}"
@@ -276,6 +301,8 @@ def test_matmul_on_arbitrary_bytes(wtype: str) -> None:
                 bound = float_bound(actual, magnitude)
                 if actual in INT8_ACT_VARIANTS:
                     bound = bound + act_quant_bound(wd, x)
+                if actual in REQUANT_VARIANTS and wtype in FLOAT_TYPES:
+                    bound = bound + requant_bound(wd, x)
                 for threads in (1, 3):
                     y = _engine.kernel_matmul(variant, wtype, raw, rows, cols, x, threads=threads)
                     check_close(y, ref, bound, f"{variant} {wtype} m={m} on random bytes vs ref")

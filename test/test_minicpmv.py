@@ -156,6 +156,50 @@ def test_weight_formats(hf_dir: Path, mmproj: dict[str, Path], tmp_path: Path, w
     assert rel <= bound
 
 
+def _int8_kernel(wtype: str) -> str | None:
+    """The kernel the active table gives a tower weight when int8 products are allowed, or None
+    where this CPU has no int8 rule (the float kernel serves it then)."""
+    from edgevlm_ros import _engine
+
+    chosen = _engine.choose_matmul(wtype, "int8", 1152, 1152)
+    return None if chosen == _engine.choose_matmul(wtype, "prefill", 1152, 1152) else str(chosen)
+
+
+# vision_int8: the tower's matrices on int8 products (weights requantized to int8 blocks at load,
+# activations to int8 blocks of 32) against our F32 features of the same slice. Measured 2026-12-06
+# (Zen 4 guest, avx512vnni_q8act_gemm_ymm, 2 layers): F16 tower 2.6e-2 worst per token (float products
+# on it 7.0e-4; a Q8_0 tower with float activations 1.7e-2). Where the CPU has no int8 kernel,
+# int8=True changes nothing, bit for bit.
+def test_int8_products(hf_dir: Path, mmproj: dict[str, Path], tmp_path: Path,
+                       ours_16x: dict[tuple[int, int], list[np.ndarray]]) -> None:
+    from edgevlm_ros import _engine
+    from edgevlm_ros.tools.convert_minicpmv import convert_minicpmv_mmproj
+
+    size = SIZES[1]
+    _, _, slices = _slices(hf_dir, size, "16x")
+    expected = ours_16x.get(size) or [_vision(mmproj["16x"]).encode_slice(slices[0])]
+    f16 = convert_minicpmv_mmproj(hf_dir, tmp_path, "f16", downsample_mode="16x")
+    plain = _vision(f16)
+    int8 = _engine.VisionModel(_engine.GGUFFile(str(f16)), THREADS, int8=True)
+    assert int8.config["int8"] and not plain.config["int8"]
+    kernel = _int8_kernel("F16")
+    got, floats = int8.encode_slice(slices[0]), plain.encode_slice(slices[0])
+    if kernel is None:
+        assert int8.variants() == plain.variants()
+        assert np.array_equal(got, floats)
+        pytest.skip("no int8 kernel on this CPU: vision_int8 leaves the float kernels (checked)")
+    # The blocks' matrices on the int8 kernel; the patch embedding (588 columns: not whole blocks of
+    # 32) keeps the float one.
+    assert f"layers (F16): prefill={kernel};" in int8.variants()
+    patch = [part for part in plain.variants().split("; ") if part.startswith("patch (")]
+    assert patch and patch[0] in int8.variants().split("; ")
+    rel = _rel_l2(got, expected[0])
+    print(f"minicpmv4_6 f16 tower, int8 products ({kernel}): worst per-token relative L2 vs our F32 {rel:.2e} "
+          f"(float products on the same file: {_rel_l2(floats, expected[0]):.2e})")
+    assert rel <= 5e-2
+    assert not np.array_equal(got, floats)  # the int8 kernel really ran
+
+
 @pytest.mark.skipif(not FULL, reason="EDGEVLM_MINICPMV_FULL=1 (writes the 2 GB text file too)")
 def test_edgevlm_convert_writes_the_pair(hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from edgevlm_ros.tools.convert_cli import main

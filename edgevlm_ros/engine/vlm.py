@@ -38,12 +38,13 @@ class VisionLanguageModel:
     def __init__(self, model: str | os.PathLike[str] | None = None, mmproj: str | os.PathLike[str] | None = None,
                  threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
                  prefix_cache_dir: str | os.PathLike[str] | None = None, longest_edge: int | None = None,
-                 n_ctx: int = 4096, prefix_cache: bool = True, kv_type: str = "f32", mtp: bool = False) -> None:
+                 n_ctx: int = 4096, prefix_cache: bool = True, kv_type: str = "f32", mtp: bool = False,
+                 vision_int8: bool = False) -> None:
         self.text = TextModel(model, threads=threads, n_ctx=n_ctx, kv_type=kv_type, mtp=mtp)
         self.mmproj_path = resolve_model(mmproj, default=DEFAULT_MMPROJ)
         self.mmproj_file = _engine.GGUFFile(str(self.mmproj_path))
         self.mmproj_metadata: dict[str, Any] = self.mmproj_file.metadata()
-        self.vision = _engine.VisionModel(self.mmproj_file, threads=self.text.native.threads)
+        self.vision = _engine.VisionModel(self.mmproj_file, threads=self.text.native.threads, int8=vision_int8)
         log.info("%s: kernels %s (operator table: %s)", self.mmproj_path.name, self.vision.variants(),
                  _engine.optable_source())
         vcfg = self.vision.config
@@ -173,12 +174,14 @@ def load_vlm(model: str | os.PathLike[str] | None = None, mmproj: str | os.PathL
              threads: int | None = None, image_mode: str = "single", system_prompt: str | None = None,
              prefix_cache_dir: str | os.PathLike[str] | None = None,
              longest_edge: int | None = None, prefix_cache: bool = True, kv_type: str = "f32",
-             mtp: bool = False) -> VisionLanguageModel:
+             mtp: bool = False, vision_int8: bool = False) -> VisionLanguageModel:
     """Loads a text GGUF and its mmproj; refuses pairs that do not fit together.
 
     prefix_cache=False prefills the whole prompt for every frame (status "disabled"); kv_type: the
     text model's KV cache (f32, f16, q8_0); mtp: draft from the text file's multi-token-prediction
-    block too (TextModel)."""
+    block too (TextModel); vision_int8: the vision tower's matrices on int8 products where the operator
+    table has an int8 kernel for this CPU (AVX-VNNI: weights requantized to int8 blocks at load, activations
+    to int8 blocks; the features move by int8's rounding; docs/kernels/vision-int8-gemm.md)."""
     return VisionLanguageModel(model, mmproj, threads=threads, image_mode=image_mode, system_prompt=system_prompt,
                                prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge, prefix_cache=prefix_cache,
-                               kv_type=kv_type, mtp=mtp)
+                               kv_type=kv_type, mtp=mtp, vision_int8=vision_int8)

@@ -213,7 +213,7 @@ class VlmNodeCore:
         t0 = time.perf_counter()
         self._vlm = load_vlm(*resolve_pair(p.model, p.mmproj), threads=p.threads, image_mode=p.image_mode,
                              system_prompt=p.system_prompt, prefix_cache_dir=p.prefix_cache_dir, kv_type=p.kv_type,
-                             mtp=p.mtp)
+                             mtp=p.mtp, vision_int8=p.vision_int8)
         self._n_ctx = int(self._vlm.text.native.n_ctx)
         self._check_token_budget(p.max_new_tokens)
         self._model_files = [model_files.watch("model", self._vlm.text.path),

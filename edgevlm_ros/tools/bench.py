@@ -317,6 +317,7 @@ class BenchConfig:
     peer_omp_wait: str = "auto"
     vision: bool = True
     vision_layers: int = 12
+    vision_int8: bool = False  # our encode on int8 products (vision_int8) where the table has an int8 kernel
     mmproj: Path | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)
     bandwidth_mib: int = 1024
@@ -721,11 +722,13 @@ def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
     except (RuntimeError, ValueError, OSError, ImportError) as exc:
         row.note = f"skipped: {exc}"
         return [row]
-    vis = _engine.VisionModel(_engine.GGUFFile(str(mmproj)), threads=cfg.threads)
+    vis = _engine.VisionModel(_engine.GGUFFile(str(mmproj)), threads=cfg.threads, int8=cfg.vision_int8)
     vcfg = vis.config
     size = int(vcfg["image_size"])
     slices = vcfg["projector"] == MINICPMV
     row.label = f"vision encode, one {size}x{size} {'slice' if slices else 'tile'}"
+    if cfg.vision_int8:
+        row.label += " (ours: vision_int8)"
     rng = np.random.default_rng(0)
     pixels = rng.uniform(-1.0, 1.0, (3, size, size) if slices else (1, 3, size, size)).astype(np.float32)
     encode = vis.encode_slice if slices else vis.encode
@@ -779,7 +782,7 @@ def _vision_rows(cfg: BenchConfig, result: dict[str, Any]) -> list[Row]:
     good = [x for x in b if x == x]
     row.peer = _median(good) if good else None
     row.samples = {"ours_ms": a, "peer_ms": b, "peer_slices_ms": peer_samples}
-    notes = [f"{vcfg['n_layer']} layers, width {vcfg['n_embd']}, random weights"]
+    notes = [f"{vcfg['n_layer']} layers, width {vcfg['n_embd']}, random weights; ours: {vis.variants()}"]
     if cli_note:
         notes.append(cli_note)
     if peer_note:
@@ -827,9 +830,10 @@ class _EncodePeak:
 
     def measure(self, when: str) -> None:
         shape = self.cfg.peak_shape
-        self.cfg.log(f"[bench] FP32 GEMM peak {when} ({'x'.join(map(str, shape))}, "
+        self.cfg.log(f"[bench] {'int8' if self.cfg.vision_int8 else 'FP32'} GEMM peak {when} ({'x'.join(map(str, shape))}, "
                      f"{' and '.join(dict.fromkeys(self.formats))} weights)")
-        self.runs.append(vision_cost.measure_gemm_peak(self.formats, self.cfg.threads, shape, self.cfg.repeats))
+        self.runs.append(vision_cost.measure_gemm_peak(self.formats, self.cfg.threads, shape,
+                                                       self.cfg.repeats, int8=self.cfg.vision_int8))
 
     def row(self, encode: Row, result: dict[str, Any]) -> Row:
         peak = max(self.runs, key=lambda r: r["gflops"])
@@ -841,7 +845,8 @@ class _EncodePeak:
         def share(ms: float | None) -> float | None:
             return total / (ms / 1e3) / (peak["gflops"] * 1e9) * 100 if ms else None
 
-        row = Row("vision_encode_peak", "vision encode: FLOP/s / FP32 GEMM peak", "%", True,
+        kind = "int8 GEMM (vision_int8)" if self.cfg.vision_int8 else "FP32 GEMM"
+        row = Row("vision_encode_peak", f"vision encode: FLOP/s / {kind} peak", "%", True,
                   share(encode.ours), share(encode.peer))
         row.note = (f"{total / 1e9:.1f} GFLOP per {self.side}x{self.side}-patch slice (attention "
                     f"{self.flops['attention'] / 1e9:.1f}; docs/kernels/vision-flops.md); peak "
@@ -864,7 +869,8 @@ def _frame_ttft_row(cfg: BenchConfig, result: dict[str, Any], text: Path, mmproj
     width, height = FRAME
     row = Row("frame_ttft", f"first token, {width}x{height} frame (tiled, no prefix cache)", "ms", False)
     try:
-        vlm = load_vlm(text, mmproj, threads=cfg.threads, image_mode="tiled", prefix_cache=False)
+        vlm = load_vlm(text, mmproj, threads=cfg.threads, image_mode="tiled", prefix_cache=False,
+                       vision_int8=cfg.vision_int8)
     except (ValueError, OSError) as exc:
         row.note = f"skipped: {exc}"
         return row
@@ -1119,6 +1125,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--no-vision", action="store_true", help="skip the vision encoder")
     parser.add_argument("--vision-layers", type=positive_int, default=None,
                         help="layers of the random vision tower (12, as SmolVLM-256M)")
+    parser.add_argument("--vision-int8", action="store_true",
+                        help="our vision encode (and the frame's first token) on int8 products where this CPU has "
+                        "an int8 kernel (the vision_int8 parameter); llama.cpp as it is")
     parser.add_argument("--mmproj", default=None,
                         help="time this mmproj instead of a random one (llama.cpp runs it with --model as its "
                         "text half)")
@@ -1180,6 +1189,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         peer_omp_wait=args.peer_omp_wait,
         vision=not args.no_vision,
         vision_layers=pick("vision_layers", 12, 1),
+        vision_int8=bool(getattr(args, "vision_int8", False)),
         mmproj=Path(args.mmproj) if args.mmproj else None,
         cache_dir=Path(args.cache_dir) if args.cache_dir else default_cache_dir(),
         bandwidth_mib=pick("bandwidth_mib", 1024, 32),

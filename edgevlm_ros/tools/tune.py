@@ -150,8 +150,9 @@ def _time_round_robin(fns: dict[str, Callable[[], object]], repeats: int) -> dic
 # Variants a table names only by choice: the int8 prefill GEMM quantizes a prompt's activations
 # to int8, which moves prefill logits past the parity tests' bounds (SmolLM2 top-1 214 / 221 against
 # transformers, Gemma 3 53 / 54: docs/kernels/prefill-q8act-gemm.md). Tuning picks by speed alone,
-# so it never offers them.
-OPT_IN_ONLY = frozenset({"avx512vnni_q8act_gemm"})
+# so it never offers them. The same for the int8 vision GEMM, which also requantizes float weights
+# to int8 blocks: the table's int8 rules name it for a user who allowed it (vision_int8), never a prefill rule.
+OPT_IN_ONLY = frozenset({"avx512vnni_q8act_gemm", "avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm"})
 
 
 def matmul_candidates(fmt: str) -> list[str]:

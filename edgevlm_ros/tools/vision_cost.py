@@ -99,11 +99,12 @@ def minicpmv_slice_flops(shape: MiniCPMVShape, gh: int, gw: int) -> dict[str, in
 
 
 def measure_gemm_peak(formats: Sequence[str], threads: int, shape: tuple[int, int, int] = PEAK_SHAPE,
-                      repeats: int = 3) -> dict[str, Any]:
-    """The FP32 FLOP/s of the prefill GEMM the engine picks (active operator table) for each weight
-    format, on a rows x k matrix times `tokens` activations (every variant multiplies and adds in
-    FP32; F16 / BF16 weights are widened when packed), best of `repeats` after a warm-up, packing
-    excluded; "gflops" is the highest: the peak the encode is measured against."""
+                      repeats: int = 3, int8: bool = False) -> dict[str, Any]:
+    """The FLOP/s of the prefill GEMM the engine picks (active operator table) for each weight
+    format, on a rows x k matrix times `tokens` activations (every float variant multiplies and adds
+    in FP32; F16 / BF16 weights are widened when packed; int8: the table's int8 rule, as the tower
+    runs with vision_int8), best of `repeats` after a warm-up, packing excluded; "gflops" is the
+    highest: the peak the encode is measured against."""
     from .. import _engine
     from .tune import random_weight
 
@@ -112,7 +113,7 @@ def measure_gemm_peak(formats: Sequence[str], threads: int, shape: tuple[int, in
     x = rng.normal(0.0, 1.0, (m, k)).astype(np.float32)
     per: dict[str, dict[str, Any]] = {}
     for fmt in dict.fromkeys(formats):
-        variant = _engine.choose_matmul(fmt, "prefill", rows, k)
+        variant = _engine.choose_matmul(fmt, "int8" if int8 else "prefill", rows, k)
         w = random_weight(fmt, rows, k, rng)
         secs = _engine.kernel_matmul_seconds(variant, fmt, w, rows, k, x, threads, repeats, True)
         per[fmt] = {"variant": variant, "seconds": secs, "gflops": linear_flops(m, k, rows) / secs / 1e9}

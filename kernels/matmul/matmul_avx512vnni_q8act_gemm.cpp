@@ -25,8 +25,10 @@
 #include <cstring>
 
 #include "../ops.h"
+#include "packed_q8u.h"
 #include "packed_x8.h"
 #include "q8act_avx2.h"
+#include "q8blocks.h"
 
 #define EV_VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 
@@ -47,6 +49,13 @@ constexpr bool kVnni = true;
 #include "x8_body.inc"
 #undef EVK_DPBUSD
 }  // namespace gemm_x8
+// avx512vnni_q8act_gemm_ymm: the AVX-VNNI int8 GEMM on q8u weights (matmul_avxvnni_q8act_gemm.cpp)
+// EVEX-encoded, for CPUs with AVX512-VNNI and no AVX-VNNI (Zen 4, Ice Lake).
+namespace q8u_evex {
+#define EVK_DPBUSD _mm256_dpbusd_epi32
+#include "q8u_gemm_body.inc"
+#undef EVK_DPBUSD
+}  // namespace q8u_evex
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -55,22 +64,17 @@ constexpr bool kVnni = true;
 
 namespace {
 
-// One block of 32 activations of one token.
-struct ActBlock {
-    float d;        // scale
-    float ds;       // d * sum of the 32 quants
-    float ds_half[2];  // d * sum of quants 0..15 and of 16..31
-    int8_t qs[kQK];
-};
-static_assert(sizeof(ActBlock) == 48, "3 cache-line quarters per block");
+using q8blocks::ActBlock;
 
 constexpr int kLanes = 16;     // weight rows per panel (one zmm lane each)
 constexpr int kMaxTile = 8;    // tokens per tile: 8 int32 and 8 float accumulators
 
-size_t q8blocks_row_bytes(int64_t k) { return static_cast<size_t>(k / kQK) * sizeof(ActBlock); }
+// Blocks of 32 per token; a last partial block (k not a multiple of 32: the int8 vision GEMM's
+// 4304-wide down projection) is zero-padded, as the q8u weights are.
+size_t q8blocks_row_bytes(int64_t k) { return static_cast<size_t>((k + kQK - 1) / kQK) * sizeof(ActBlock); }
 
 void q8blocks_prep(const float* x, int64_t x_stride, int64_t m, int64_t k, int64_t t0, int64_t t1, void* dst) {
-    const int64_t nb = k / kQK;
+    const int64_t nb = (k + kQK - 1) / kQK;
     for (int64_t t = t0; t < t1; ++t) {
         ActBlock* out = reinterpret_cast<ActBlock*>(static_cast<uint8_t*>(dst) + static_cast<size_t>(t) * q8blocks_row_bytes(k));
         if (t >= m) {
@@ -79,7 +83,14 @@ void q8blocks_prep(const float* x, int64_t x_stride, int64_t m, int64_t k, int64
         }
         for (int64_t b = 0; b < nb; ++b) {
             q8act::BlockQ8A blk;
-            q8act::quantize_act(x + t * x_stride + b * kQK, kQK, &blk);
+            const float* src = x + t * x_stride + b * kQK;
+            float tail[kQK];
+            if ((b + 1) * kQK > k) {  // the partial last block, zero-padded
+                std::fill(tail, tail + kQK, 0.f);
+                std::copy(src, src + (k - b * kQK), tail);
+                src = tail;
+            }
+            q8act::quantize_act(src, kQK, &blk);
             int lo = 0, hi = 0;
             for (int i = 0; i < kQK / 2; ++i) {
                 lo += blk.qs[i];
@@ -215,7 +226,7 @@ EV_VNNI512 void tiles(const MatmulArgs& a, const uint8_t* qp, const float* sc, c
 
 }  // namespace
 
-extern const ActPrep kActQ8Blocks;  // the operator table's registry (optable.cpp) names it
+// The operator table's registry (optable.cpp) names it; the VNNI ymm GEMM reads it too.
 const ActPrep kActQ8Blocks{"q8blocks", 1, q8blocks_row_bytes, q8blocks_prep};
 
 // Scratch (kMatmulScratchRows * k floats = 196 k bytes): the panel's quants (16 k bytes), its
@@ -266,6 +277,8 @@ EV_VNNI512 void matmul_avx512vnni_q8act_gemm(const MatmulArgs& a) {
             tiles<16>(a, qp, sc, off, r, nr);
     }
 }
+
+EV_VNNI512 void matmul_avx512vnni_q8act_gemm_ymm(const MatmulArgs& a) { q8u_evex::gemm(a); }
 
 }  // namespace evk
 #endif

@@ -57,6 +57,23 @@ float int8_bound(const float* w, const float* x, int64_t k) {
     return b;
 }
 
+// Bound on what requantizing float weights to int8 adds (the q8u layout): each weight moves by at
+// most half its block's step amax / 127 (0.6 with float slack), against the activations and their
+// own rounding (half their step).
+float requant_bound(const float* w, const float* x, int64_t k) {
+    float b = 0.f;
+    for (int64_t i0 = 0; i0 < k; i0 += kQK) {
+        float wmax = 0.f, xmax = 0.f, xsum = 0.f;
+        for (int j = 0; j < kQK; ++j) {
+            wmax = std::fmax(wmax, std::fabs(w[i0 + j]));
+            xmax = std::fmax(xmax, std::fabs(x[i0 + j]));
+            xsum += std::fabs(x[i0 + j]);
+        }
+        b += 0.6f * wmax / 127.f * (xsum + kQK * 0.5f * xmax / 127.f);
+    }
+    return b;
+}
+
 // The formats of 16 and 32-element sub-blocks with fp16 scales (Q5_0, Q5_1, IQ4_NL, the K-quants),
 // checked by check_block_formats() rather than the generic matmul loop: where their fp16 fields
 // are (every other byte of a block may hold anything), and which of those are mins.
@@ -498,6 +515,8 @@ int main() {
                                 // 6e-5 for the split-bf16 AMX products (matmul_amx.cpp's bound).
                                 float tol = (choice.act ? 6e-5f : 1e-5f) * mag + 1e-6f;
                                 if (int8) tol += int8_bound(wrow.data(), &x[tok * k], k) * 1.01f;
+                                if (choice.packing && choice.packing->layout == WLayout::kQ8U && t != DType::Q8_0)
+                                    tol += requant_bound(wrow.data(), &x[tok * k], k) * 1.01f;
                                 const float got = y[tok * rows + r], want = y_ref[tok * rows + r];
                                 ++n_cases;
                                 if (!(std::fabs(got - want) <= tol)) ++n_bad;

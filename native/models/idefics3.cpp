@@ -15,7 +15,7 @@ class Idefics3 final : public VisionArch {
 public:
     Idefics3(const VisionConfig& cfg, const GGUFFile& f, PackArena& arena)
         : cfg_(cfg), tower_(cfg, f, arena),
-          proj_(load_weight(f, "mm.model.fc.weight", shuffled_width(), cfg.proj_dim, WeightUse::kPrefillOnly, &arena)) {
+          proj_(load_weight(f, "mm.model.fc.weight", shuffled_width(), cfg.proj_dim, cfg.weight_use(), &arena)) {
         release_unused_rows(f, proj_);
         hidden_.assign(static_cast<size_t>(cfg.n_patches() * cfg.n_embd), 0.f);
         shuffled_.assign(hidden_.size(), 0.f);

@@ -21,13 +21,12 @@ namespace evn {
 
 namespace {
 
-constexpr WeightUse kPrefill = WeightUse::kPrefillOnly;
-
 // f(i, thread) for i in [0, n) over the pool (one chunk per row or window: each is independent).
 template <class F> void each(ThreadPool& pool, int64_t n, F&& f) { pool.run(n, f); }
 
-Weight matrix(const GGUFFile& f, PackArena& arena, const std::string& name, int64_t cols, int64_t rows) {
-    Weight w = load_weight(f, name, cols, rows, kPrefill, &arena);
+Weight matrix(const GGUFFile& f, PackArena& arena, const VisionConfig& cfg, const std::string& name, int64_t cols,
+              int64_t rows) {
+    Weight w = load_weight(f, name, cols, rows, cfg.weight_use(), &arena);
     release_unused_rows(f, w);
     return w;
 }
@@ -78,19 +77,19 @@ public:
         if ((max_tokens / 4) * wi_ > (int64_t{1} << 27)) f.fail(p + "ds_ffn_up.weight", "activations exceed the engine's bound");
         ln1_w_ = load_vector(f, p + "ln1.weight", d_);
         ln1_b_ = load_vector(f, p + "ln1.bias", d_);
-        wq_ = matrix(f, arena, p + "attn_q.weight", d_, d_);
-        wk_ = matrix(f, arena, p + "attn_k.weight", d_, d_);
-        wv_ = matrix(f, arena, p + "attn_v.weight", d_, d_);
-        wo_ = matrix(f, arena, p + "attn_out.weight", d_, d_);
+        wq_ = matrix(f, arena, cfg, p + "attn_q.weight", d_, d_);
+        wk_ = matrix(f, arena, cfg, p + "attn_k.weight", d_, d_);
+        wv_ = matrix(f, arena, cfg, p + "attn_v.weight", d_, d_);
+        wo_ = matrix(f, arena, cfg, p + "attn_out.weight", d_, d_);
         bq_ = bias_or_zero(f, p + "attn_q.bias", d_);
         bk_ = bias_or_zero(f, p + "attn_k.bias", d_);
         bv_ = bias_or_zero(f, p + "attn_v.bias", d_);
         bo_ = bias_or_zero(f, p + "attn_out.bias", d_);
         ds_ln_w_ = load_vector(f, p + "ds_ln.weight", 4 * d_);
         ds_ln_b_ = load_vector(f, p + "ds_ln.bias", 4 * d_);
-        w_up_ = matrix(f, arena, p + "ds_ffn_up.weight", 4 * d_, wi_);
+        w_up_ = matrix(f, arena, cfg, p + "ds_ffn_up.weight", 4 * d_, wi_);
         b_up_ = bias_or_zero(f, p + "ds_ffn_up.bias", wi_);
-        w_down_ = matrix(f, arena, p + "ds_ffn_down.weight", wi_, d_);
+        w_down_ = matrix(f, arena, cfg, p + "ds_ffn_down.weight", wi_, d_);
         b_down_ = bias_or_zero(f, p + "ds_ffn_down.bias", d_);
         for (std::vector<float>* v : {&xw_, &h_, &q_, &k_, &v_, &att_}) v->assign(static_cast<size_t>(max_tokens * d_), 0.f);
         mean_.assign(static_cast<size_t>(max_tokens / 4 * d_), 0.f);
@@ -183,9 +182,9 @@ public:
         : d4_(4 * cfg.n_embd), proj_(cfg.proj_dim), eps_(cfg.eps) {
         norm_w_ = load_vector(f, "mm.input_norm.weight", d4_);
         norm_b_ = bias_or_zero(f, "mm.input_norm.bias", d4_);
-        w_up_ = matrix(f, arena, "mm.up.weight", d4_, d4_);
+        w_up_ = matrix(f, arena, cfg, "mm.up.weight", d4_, d4_);
         b_up_ = bias_or_zero(f, "mm.up.bias", d4_);
-        w_down_ = matrix(f, arena, "mm.down.weight", d4_, proj_);
+        w_down_ = matrix(f, arena, cfg, "mm.down.weight", d4_, proj_);
         b_down_ = bias_or_zero(f, "mm.down.bias", proj_);
         cat_.assign(static_cast<size_t>(max_tokens * cfg.n_embd), 0.f);
         u_.assign(cat_.size(), 0.f);

@@ -39,8 +39,9 @@ VisionConfig read_config(const GGUFFile& f) {
 
 }  // namespace
 
-VisionModel::VisionModel(std::shared_ptr<const GGUFFile> file, int n_threads)
+VisionModel::VisionModel(std::shared_ptr<const GGUFFile> file, int n_threads, bool int8)
     : file_(std::move(file)), cfg_(read_config(*file_)) {
+    cfg_.int8 = int8;
     arch_ = find_vision(*file_)(cfg_, *file_, arena_);
     compute_ = std::make_unique<Compute>(n_threads, arch_->max_k());
 }

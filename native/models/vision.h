@@ -19,9 +19,12 @@ struct VisionConfig {
     float eps = 1e-6f;
     int64_t proj_dim = 0;      // the decoder's width, which the connector projects to
     int64_t scale_factor = 1;  // the connector's spatial merge per side (1: none)
+    bool int8 = false;         // the user allowed int8 products (vision_int8): the table's int8 rules serve the weights
     int64_t side() const { return image_size / patch_size; }  // patches per side
     int64_t n_patches() const { return side() * side(); }
     int64_t n_out() const { return n_patches() / (scale_factor * scale_factor); }  // tokens per tile
+    // How the tower's and connector's matrices are used: prefill only, int8 products where allowed.
+    WeightUse weight_use() const { return int8 ? WeightUse::kPrefillInt8 : WeightUse::kPrefillOnly; }
 };
 
 // A tower + connector pair: its weights, its activations, one tile's encoding.
@@ -45,7 +48,9 @@ class VisionModel {
 public:
     // UnsupportedModel for a file that is not an mmproj or has a projector the registry lacks,
     // GGUFError for one that does not hold what its config says.
-    VisionModel(std::shared_ptr<const GGUFFile> file, int n_threads);
+    // int8: the user allows int8 products for the matrices (vision_int8; the operator table's int8
+    // rules pick the kernels, and a CPU without one keeps the float kernels).
+    VisionModel(std::shared_ptr<const GGUFFile> file, int n_threads, bool int8 = false);
     ~VisionModel();
     const VisionConfig& config() const { return cfg_; }
     int threads() const { return compute_->threads(); }
