@@ -830,7 +830,8 @@ class _EncodePeak:
 
     def measure(self, when: str) -> None:
         shape = self.cfg.peak_shape
-        self.cfg.log(f"[bench] {'int8' if self.cfg.vision_int8 else 'FP32'} GEMM peak {when} ({'x'.join(map(str, shape))}, "
+        kind = "int8" if self.cfg.vision_int8 else "FP32"
+        self.cfg.log(f"[bench] {kind} GEMM peak {when} ({'x'.join(map(str, shape))}, "
                      f"{' and '.join(dict.fromkeys(self.formats))} weights)")
         self.runs.append(vision_cost.measure_gemm_peak(self.formats, self.cfg.threads, shape,
                                                        self.cfg.repeats, int8=self.cfg.vision_int8))
