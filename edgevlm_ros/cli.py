@@ -122,7 +122,7 @@ def _describe(args: argparse.Namespace) -> int:
     result = vlm.describe(rgb, prompt=args.prompt or default_prompt, max_new_tokens=args.max_tokens,
                           choices=args.choice, schema=schema)
     if args.json:
-        print(json.dumps(result.as_dict(), ensure_ascii=False))
+        print(json.dumps(dict(result.as_dict(), vision_kernels=vlm.vision.variants()), ensure_ascii=False))
     else:
         print(result.text)
         stages = ", ".join(f"{k} {v:.0f} ms" for k, v in result.timings_ms.items())

@@ -256,6 +256,46 @@ def test_tune_table_order_changes_the_choice(tmp_path, restore_optable):
     # Formats not measured fall through to the built-in rules appended after the tuned ones.
     builtin_prefill = next(v for v in ("amx_gemm", "avx512_gemm", "avx2_gemm") if v in available)
     assert _engine.choose_matmul("F16", "prefill", 576, 576) == builtin_prefill
+    # The built-in int8 rules (vision_int8) come before the tuned ones: a tuned prefill rule for a
+    # format never takes a product whose user allowed int8.
+    first_rule = next(ln for ln in text.splitlines() if ln and not ln.startswith("#"))
+    assert first_rule.split()[2] == "int8"
+    measures.append(_measure("F16", "prefill", {"avx2_gemm": 3e-3, "ref": 9e-3}))
+    optable.activate()
+    want_int8 = _engine.choose_matmul("F16", "int8", 576, 576)
+    path.write_text(tune.build_table(measures, {}, optable._builtin_text(), ["test"]))
+    optable.activate(path)
+    assert _engine.choose_matmul("F16", "prefill", 576, 576) == "avx2_gemm"
+    assert _engine.choose_matmul("F16", "int8", 576, 576) == want_int8
+
+
+def test_int8_rules_serve_only_products_allowed_int8(tmp_path, restore_optable):
+    """The table's int8 phase: a rule of it serves a prefill product whose user allowed int8
+    (vision_int8) and nothing else; such a product falls through to the prefill rules where no int8
+    rule runs here; the phase is parsed, a misspelt one refused."""
+    available = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul" and v["available"]}
+    int8 = next((v for v in ("avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm") if v in available), None)
+    if int8 is None or "avx2_gemm" not in available:
+        pytest.skip("needs an int8 GEMM (AVX-VNNI or AVX512-VNNI)")
+    feats = variant_features_of(int8)
+    path = tmp_path / "t.tsv"
+    path.write_text(f"matmul  F16  int8  any  {feats}  {int8}\nmatmul  *  *  any  avx2,fma,f16c  avx2_gemm\n")
+    optable.activate(path)
+    assert _engine.choose_matmul("F16", "int8", 1152, 1152) == int8
+    assert _engine.choose_matmul("F16", "prefill", 1152, 1152) == "avx2_gemm"  # not allowed: float
+    assert _engine.choose_matmul("BF16", "int8", 1152, 1152) == "avx2_gemm"  # no int8 rule for it
+    path.write_text(f"matmul  F16  prefill  any  avx2,fma,f16c  avx2_gemm\nmatmul  F16  int8  any  {feats}  {int8}\n")
+    optable.activate(path)
+    assert _engine.choose_matmul("F16", "int8", 1152, 1152) == "avx2_gemm"  # the first matching rule wins
+    with pytest.raises(ValueError, match="unknown phase 'int9'"):
+        _engine.load_optable("matmul  F16  int9  any  -  ref\n", "test")
+    with pytest.raises(ValueError, match="phase must be"):
+        _engine.choose_matmul("F16", "int9", 64, 64)
+
+
+def variant_features_of(name: str) -> str:
+    """The features the built-in table's rules name for a variant."""
+    return tune.variant_features(optable._builtin_text())[("matmul", name)]
 
 
 def test_tune_default_path_is_the_tuned_table(tmp_path, monkeypatch, capsys, restore_optable):

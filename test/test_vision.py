@@ -344,6 +344,18 @@ def test_describe_cli_on_jpeg_and_png(converted: dict, tmp_path: Path) -> None:
         out = json.loads(p.stdout)
         assert len(out["token_ids"]) > 0
         assert set(out["timings_ms"]) >= {"preprocess", "vision", "prefill", "decode", "total"}
+        assert "layers (F16): prefill=" in out["vision_kernels"]
+    # --vision-int8: the tower's matrices on the table's int8 kernel where this CPU has one.
+    from edgevlm_ros import _engine
+
+    int8 = _engine.choose_matmul("F16", "int8", 768, 768)
+    p = subprocess.run([sys.executable, "-m", "edgevlm_ros.cli", "describe", str(tmp_path / "frame.png"), "--model",
+                        str(converted["f16"][0]), "--mmproj", str(converted["f16"][1]), "--max-tokens", "6",
+                        "--vision-int8", "--json"], capture_output=True, text=True, timeout=300, cwd=root,
+                       env=dict(os.environ, PYTHONPATH=str(root)))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert len(out["token_ids"]) > 0 and f"layers (F16): prefill={int8};" in out["vision_kernels"]
     bad = tmp_path / "not-an-image.jpg"
     bad.write_bytes(b"\xff\xd8garbage")
     p = subprocess.run([sys.executable, "-m", "edgevlm_ros.cli", "describe", str(bad), "--mmproj",

@@ -381,10 +381,17 @@ def rank(measures: Sequence[Measure], fmt: str, phase: str, head: bool) -> list[
 def build_table(measures: Sequence[Measure], single: dict[str, dict[str, float]], builtin_text: str,
                 header: Sequence[str]) -> str:
     """The tuned operator table: per (format, phase) the candidates fastest first, ref last; the
-    built-in rules follow as fallbacks for anything not measured."""
+    built-in rules follow as fallbacks for anything not measured. The built-in int8 rules (a user's
+    choice, vision_int8, not a measured one) come first: a prefill rule above them would take the
+    products they are for."""
     feats = variant_features(builtin_text)
     lines = [f"# {h}" if h else "#" for h in header]
     lines.append("# operator  format  phase  shape  features  variant    # measured time per call")
+    builtin = [body for line in builtin_text.replace(";", "\n").splitlines() if (body := line.split("#", 1)[0].strip())]
+    int8 = [body for body in builtin if body.split()[:3:2] == ["matmul", "int8"]]
+    if int8:
+        lines.append("# the built-in int8 rules (vision_int8: chosen by the user, not measured)")
+        lines += int8
     formats = list(dict.fromkeys(mm.fmt for mm in measures))
 
     def rules(fmt: str, phase: str, shape: str, ranked: list[tuple[str, float]], unit: str) -> list[str]:
@@ -424,10 +431,7 @@ def build_table(measures: Sequence[Measure], single: dict[str, dict[str, float]]
                 lines.append(f"{op}  *  *  any  {feats.get((op, name), '-')}  {name}  # {s * 1e6:.2f} us")
         lines.append(f"{op}  *  *  any  -  ref")
     lines.append("# built-in rules (kernels/optable.tsv) as fallbacks for anything not measured above")
-    for line in builtin_text.replace(";", "\n").splitlines():
-        body = line.split("#", 1)[0].strip()
-        if body:
-            lines.append(body)
+    lines += [body for body in builtin if body not in int8]
     return "\n".join(lines) + "\n"
 
 
