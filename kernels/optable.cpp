@@ -66,6 +66,7 @@ void matmul_avxvnni_q8act_gemm(const MatmulArgs&);
 void matmul_avx512vnni_q8act_gemm_ymm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
 extern const ActPrep kActQ8Blocks;
+extern const ActPrep kActQ8Sums;
 void attention_avx2(const AttentionArgs&);
 void attention_avx512(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
@@ -278,9 +279,9 @@ const std::vector<Variant>& registry() {
         // Float weights requantized to int8 blocks at load (the q8u copy): only where a user allowed int8
         // products (the table's int8 phase: vision_int8).
         {EVK_V(matmul, avxvnni_q8act_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q8_0}, "avx2,fma,f16c,avxvnni",
-         &kPackQ8U, WLayout::kRows, nullptr, &kActQ8Blocks, 16},
+         &kPackQ8U, WLayout::kRows, nullptr, &kActQ8Sums, 16},
         {EVK_V(matmul, avx512vnni_q8act_gemm_ymm), {DType::F32, DType::F16, DType::BF16, DType::Q8_0},
-         "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackQ8U, WLayout::kRows, nullptr, &kActQ8Blocks, 16},
+         "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c", &kPackQ8U, WLayout::kRows, nullptr, &kActQ8Sums, 16},
         {EVK_V(matmul, avx2_q8act), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "avx2,fma,f16c"},
         {EVK_V(matmul, avx2_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c", &kPackX8},
         {EVK_V(matmul, avxvnni_q8act_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q4_K, DType::Q6_K}, "avx2,fma,f16c,avxvnni",

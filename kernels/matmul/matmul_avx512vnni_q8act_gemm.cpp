@@ -69,12 +69,10 @@ using q8blocks::ActBlock;
 constexpr int kLanes = 16;     // weight rows per panel (one zmm lane each)
 constexpr int kMaxTile = 8;    // tokens per tile: 8 int32 and 8 float accumulators
 
-// Blocks of 32 per token; a last partial block (k not a multiple of 32: the int8 vision GEMM's
-// 4304-wide down projection) is zero-padded, as the q8u weights are.
-size_t q8blocks_row_bytes(int64_t k) { return static_cast<size_t>((k + kQK - 1) / kQK) * sizeof(ActBlock); }
+size_t q8blocks_row_bytes(int64_t k) { return static_cast<size_t>(k / kQK) * sizeof(ActBlock); }
 
 void q8blocks_prep(const float* x, int64_t x_stride, int64_t m, int64_t k, int64_t t0, int64_t t1, void* dst) {
-    const int64_t nb = (k + kQK - 1) / kQK;
+    const int64_t nb = k / kQK;
     for (int64_t t = t0; t < t1; ++t) {
         ActBlock* out = reinterpret_cast<ActBlock*>(static_cast<uint8_t*>(dst) + static_cast<size_t>(t) * q8blocks_row_bytes(k));
         if (t >= m) {
@@ -83,14 +81,7 @@ void q8blocks_prep(const float* x, int64_t x_stride, int64_t m, int64_t k, int64
         }
         for (int64_t b = 0; b < nb; ++b) {
             q8act::BlockQ8A blk;
-            const float* src = x + t * x_stride + b * kQK;
-            float tail[kQK];
-            if ((b + 1) * kQK > k) {  // the partial last block, zero-padded
-                std::fill(tail, tail + kQK, 0.f);
-                std::copy(src, src + (k - b * kQK), tail);
-                src = tail;
-            }
-            q8act::quantize_act(src, kQK, &blk);
+            q8act::quantize_act(x + t * x_stride + b * kQK, kQK, &blk);
             int lo = 0, hi = 0;
             for (int i = 0; i < kQK / 2; ++i) {
                 lo += blk.qs[i];
@@ -226,7 +217,7 @@ EV_VNNI512 void tiles(const MatmulArgs& a, const uint8_t* qp, const float* sc, c
 
 }  // namespace
 
-// The operator table's registry (optable.cpp) names it; the VNNI ymm GEMM reads it too.
+// The operator table's registry (optable.cpp) names it.
 const ActPrep kActQ8Blocks{"q8blocks", 1, q8blocks_row_bytes, q8blocks_prep};
 
 // Scratch (kMatmulScratchRows * k floats = 196 k bytes): the panel's quants (16 k bytes), its
