@@ -47,6 +47,10 @@ void matmul_neon_f32act(const MatmulArgs&);
 void matmul_neon_q8act_dot(const MatmulArgs&);
 void matmul_neon_q8act_dot_x8(const MatmulArgs&);
 void matmul_neon_q8act_i8mm(const MatmulArgs&);
+void matmul_neon_q8act_gemm(const MatmulArgs&);
+#endif
+#if defined(__x86_64__) || defined(__aarch64__)
+extern const ActPrep kActQ8Sums;  // the int8 vision GEMMs' activations (q8blocks.h), one definition per ISA
 #endif
 #if defined(__x86_64__)
 void matmul_avx2_f32act(const MatmulArgs&);
@@ -66,7 +70,6 @@ void matmul_avxvnni_q8act_gemm(const MatmulArgs&);
 void matmul_avx512vnni_q8act_gemm_ymm(const MatmulArgs&);
 extern const ActPrep kActBf16x2;
 extern const ActPrep kActQ8Blocks;
-extern const ActPrep kActQ8Sums;
 void attention_avx2(const AttentionArgs&);
 void attention_avx512(const AttentionArgs&);
 void softmax_avx2(float*, int64_t, float);
@@ -264,6 +267,8 @@ const std::vector<Variant>& registry() {
                                          DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}, "neon,dotprod"},
         {EVK_V(matmul, neon_q8act_dot_x8), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,dotprod", &kPackX8},
         {EVK_V(matmul, neon_q8act_i8mm), {DType::Q4_0, DType::Q4_1, DType::Q8_0}, "neon,i8mm"},
+        {EVK_V(matmul, neon_q8act_gemm), {DType::F32, DType::F16, DType::BF16, DType::Q8_0}, "neon,dotprod", &kPackQ8U,
+         WLayout::kRows, nullptr, &kActQ8Sums, 16},
 #endif
 #if defined(__x86_64__)
         {EVK_V(matmul, avx2_f32act), dequantized_formats(), "avx2,fma,f16c"},

@@ -43,11 +43,12 @@ DECODE_MAX_TOKENS = 3  # checked below: 'best' must give exactly what the varian
 FLOAT_ACT_VARIANTS = {"ref", "avx2_f32act", "avx2_gemm", "avx512_gemm"}
 INT8_ACT_VARIANTS = {"avx2_q8act", "avx2_q8act_x8", "avxvnni_q8act_x8", "avx512vnni_q8act_x8",
                      "avx512vnni_q8act_x8_ymm", "avx2_q8act_k", "avxvnni_q8act_k", "avx512vnni_q8act_k",
-                     "avx512vnni_q8act_gemm", "avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm"}
+                     "avx512vnni_q8act_gemm", "avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm",
+                     "neon_q8act_gemm"}
 # Of those, the ones that requantize float weights to int8 blocks at load (the q8u layout; a last partial
 # block of columns zero-padded, in the activations too): on F32 / F16 / BF16 their bound adds
 # requant_bound.
-REQUANT_VARIANTS = {"avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm"}
+REQUANT_VARIANTS = {"avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm", "neon_q8act_gemm"}
 SPLIT_BF16_VARIANTS = {"amx_gemm"}
 SPLIT_BF16_TOL = 6e-5  # of sum |w||x|
 GEMM_VARIANTS = ("avx512_gemm", "amx_gemm")  # the panel GEMMs with p16 and k-block paths of their own

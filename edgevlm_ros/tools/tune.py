@@ -152,7 +152,8 @@ def _time_round_robin(fns: dict[str, Callable[[], object]], repeats: int) -> dic
 # transformers, Gemma 3 53 / 54: docs/kernels/prefill-q8act-gemm.md). Tuning picks by speed alone,
 # so it never offers them. The same for the int8 vision GEMM, which also requantizes float weights
 # to int8 blocks: the table's int8 rules name it for a user who allowed it (vision_int8), never a prefill rule.
-OPT_IN_ONLY = frozenset({"avx512vnni_q8act_gemm", "avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm"})
+OPT_IN_ONLY = frozenset({"avx512vnni_q8act_gemm", "avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm",
+                         "neon_q8act_gemm"})
 
 
 def matmul_candidates(fmt: str) -> list[str]:

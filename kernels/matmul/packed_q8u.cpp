@@ -12,13 +12,17 @@ namespace {
 bool q8u_source(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0; }
 
 // 32 floats to int8: d = max|x| / 127 kept in float (Q8_0's fp16 scale would lose small weights to
-// its subnormals), q = round-to-nearest(x / d). Returns d.
+// its subnormals), q = round-to-nearest(x / d). Returns d. A file's NaN weights become 0 and an
+// infinite one makes d infinite (the block's products NaN, as float ones would be): never a cast
+// of NaN to int8 (undefined; found by fuzz_gguf).
 float requantize_block(const float* x, int8_t* q) {
     float amax = 0.f;
     for (int i = 0; i < kQK; ++i) amax = std::max(amax, std::fabs(x[i]));
     const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-    for (int i = 0; i < kQK; ++i)
-        q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * id), -127.f, 127.f));
+    for (int i = 0; i < kQK; ++i) {
+        const float v = std::nearbyint(x[i] * id);
+        q[i] = v == v ? static_cast<int8_t>(std::clamp(v, -127.f, 127.f)) : int8_t{0};
+    }
     return d;
 }
 
