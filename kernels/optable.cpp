@@ -480,7 +480,7 @@ MatmulChoice choose_matmul(DType t, Phase phase, int64_t rows, int64_t k, bool i
             (r.phase != "*" && r.phase != phase_name && !(int8 && r.phase == "int8")) || !shape_matches(r.shape, rows, k) || !has_features(f, r.features))
             continue;
         const Variant* v = find_variant("matmul", r.variant);
-        // A variant with a layout of its own serves only the shapes it can lay out (q8u: whole blocks of 32).
+        // A variant with a layout of its own serves only the shapes it can lay out (x8: whole blocks).
         if (v && supports(*v, t) && has_features(f, v->needs) && (!v->packing || v->packing->bytes(t, rows, k) != 0))
             return v->choice();
     }

@@ -69,31 +69,23 @@ using q8blocks::ActBlock;
 constexpr int kLanes = 16;     // weight rows per panel (one zmm lane each)
 constexpr int kMaxTile = 8;    // tokens per tile: 8 int32 and 8 float accumulators
 
-size_t q8blocks_row_bytes(int64_t k) { return static_cast<size_t>(k / kQK) * sizeof(ActBlock); }
+size_t q8blocks_row_bytes(int64_t k) { return q8blocks::row_bytes<ActBlock>(k); }
 
 void q8blocks_prep(const float* x, int64_t x_stride, int64_t m, int64_t k, int64_t t0, int64_t t1, void* dst) {
-    const int64_t nb = k / kQK;
-    for (int64_t t = t0; t < t1; ++t) {
-        ActBlock* out = reinterpret_cast<ActBlock*>(static_cast<uint8_t*>(dst) + static_cast<size_t>(t) * q8blocks_row_bytes(k));
-        if (t >= m) {
-            std::memset(static_cast<void*>(out), 0, q8blocks_row_bytes(k));
-            continue;
+    q8blocks::prep_rows<ActBlock>(x, x_stride, m, k, t0, t1, dst, [](const float* src, ActBlock& out) {
+        q8act::BlockQ8A blk;
+        q8act::quantize_act(src, kQK, &blk);
+        int lo = 0, hi = 0;
+        for (int i = 0; i < kQK / 2; ++i) {
+            lo += blk.qs[i];
+            hi += blk.qs[i + kQK / 2];
         }
-        for (int64_t b = 0; b < nb; ++b) {
-            q8act::BlockQ8A blk;
-            q8act::quantize_act(x + t * x_stride + b * kQK, kQK, &blk);
-            int lo = 0, hi = 0;
-            for (int i = 0; i < kQK / 2; ++i) {
-                lo += blk.qs[i];
-                hi += blk.qs[i + kQK / 2];
-            }
-            out[b].d = blk.d;
-            out[b].ds = blk.s;
-            out[b].ds_half[0] = blk.d * static_cast<float>(lo);
-            out[b].ds_half[1] = blk.d * static_cast<float>(hi);
-            std::memcpy(out[b].qs, blk.qs, kQK);
-        }
-    }
+        out.d = blk.d;
+        out.ds = blk.s;
+        out.ds_half[0] = blk.d * static_cast<float>(lo);
+        out.ds_half[1] = blk.d * static_cast<float>(hi);
+        std::memcpy(out.qs, blk.qs, kQK);
+    });
 }
 
 inline int32_t load_i32(const void* p) {

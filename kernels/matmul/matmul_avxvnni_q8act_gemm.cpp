@@ -42,32 +42,16 @@ __attribute__((target("avx2,fma,f16c,avxvnni"))) void matmul_avxvnni_q8act_gemm(
 
 namespace {
 
-size_t q8sums_row_bytes(int64_t k) { return static_cast<size_t>((k + kQK - 1) / kQK) * sizeof(q8blocks::SumBlock); }
+size_t q8sums_row_bytes(int64_t k) { return q8blocks::row_bytes<q8blocks::SumBlock>(k); }
 
-// Tokens [t0, t1) of x as SumBlocks; a last partial block zero-padded, tokens at or past m zeros.
 void q8sums_prep(const float* x, int64_t x_stride, int64_t m, int64_t k, int64_t t0, int64_t t1, void* dst) {
-    const int64_t nb = (k + kQK - 1) / kQK;
-    for (int64_t t = t0; t < t1; ++t) {
-        auto* out = reinterpret_cast<q8blocks::SumBlock*>(static_cast<uint8_t*>(dst) + static_cast<size_t>(t) * q8sums_row_bytes(k));
-        if (t >= m) {
-            std::memset(static_cast<void*>(out), 0, q8sums_row_bytes(k));
-            continue;
-        }
-        for (int64_t b = 0; b < nb; ++b) {
-            const float* src = x + t * x_stride + b * kQK;
-            float tail[kQK];
-            if ((b + 1) * kQK > k) {
-                std::fill(tail, tail + kQK, 0.f);
-                std::copy(src, src + (k - b * kQK), tail);
-                src = tail;
-            }
-            q8act::BlockQ8A blk;
-            q8act::quantize_act(src, kQK, &blk);
-            out[b].d = blk.d;
-            out[b].bias = -128 * blk.sum;
-            std::memcpy(out[b].qs, blk.qs, kQK);
-        }
-    }
+    q8blocks::prep_rows<q8blocks::SumBlock>(x, x_stride, m, k, t0, t1, dst, [](const float* src, q8blocks::SumBlock& out) {
+        q8act::BlockQ8A blk;
+        q8act::quantize_act(src, kQK, &blk);
+        out.d = blk.d;
+        out.bias = -128 * blk.sum;
+        std::memcpy(out.qs, blk.qs, kQK);
+    });
 }
 
 }  // namespace

@@ -112,10 +112,6 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) float row_dot(DType t, const u
 // loaded (and unpacked) once for the N tokens (a verification pass reads the weights once); each
 // token's float steps are the same in the same order whatever N, and its integer sums are exact,
 // so a token's 8 results do not depend on the tokens beside it.
-#define EV_X8_DOT(P0, P1, A, B, Y, L)            \
-    P0 = vdotq_laneq_s32(P0, A, Y, L);           \
-    P1 = vdotq_laneq_s32(P1, B, Y, L)
-
 template <int N>
 __attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const uint8_t* g, const BlockQ8A* const* y,
                                                                 int64_t nb, float* const* out) {
@@ -136,15 +132,7 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const u
             for (int j = 0; j < 8; ++j) {
                 const int8x16_t w0 = vld1q_s8(reinterpret_cast<const int8_t*>(v + 32 * j));
                 const int8x16_t w1 = vld1q_s8(reinterpret_cast<const int8_t*>(v + 32 * j + 16));
-                for (int n = 0; n < N; ++n) {
-                    const int8x16_t yy = j < 4 ? y0[n] : y1[n];
-                    switch (j % 4) {  // the lane is an immediate
-                    case 0: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 0); break;
-                    case 1: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 1); break;
-                    case 2: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 2); break;
-                    default: EV_X8_DOT(p0[n], p1[n], w0, w1, yy, 3); break;
-                    }
-                }
+                for (int n = 0; n < N; ++n) neon::dot_lane_pair(p0[n], p1[n], w0, w1, j < 4 ? y0[n] : y1[n], j % 4);
             }
         } else {
             // Nibbles 0..15 are valid signed bytes: sdot takes them as they are.
@@ -153,12 +141,8 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const u
                 const int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(r0, low)), lo1 = vreinterpretq_s8_u8(vandq_u8(r1, low));
                 const int8x16_t hi0 = vreinterpretq_s8_u8(vshrq_n_u8(r0, 4)), hi1 = vreinterpretq_s8_u8(vshrq_n_u8(r1, 4));
                 for (int n = 0; n < N; ++n) {
-                    switch (j) {
-                    case 0: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 0); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 0); break;
-                    case 1: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 1); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 1); break;
-                    case 2: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 2); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 2); break;
-                    default: EV_X8_DOT(p0[n], p1[n], lo0, lo1, y0[n], 3); EV_X8_DOT(p0[n], p1[n], hi0, hi1, y1[n], 3); break;
-                    }
+                    neon::dot_lane_pair(p0[n], p1[n], lo0, lo1, y0[n], j);
+                    neon::dot_lane_pair(p0[n], p1[n], hi0, hi1, y1[n], j);
                 }
             }
         }
@@ -184,7 +168,6 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) void x8_group(DType t, const u
         vst1q_f32(out[n] + 4, acc1[n]);
     }
 }
-#undef EV_X8_DOT
 
 }  // namespace
 

@@ -3,6 +3,8 @@
 // Q5_1, IQ4_NL, Q2_K..Q6_K), which matmul_neon_f32act and matmul_neon_q8act_dot call per row.
 #pragma once
 #if defined(__aarch64__)
+#include <arm_neon.h>
+
 #include <cstdint>
 
 #include "../formats/formats.h"
@@ -28,6 +30,19 @@ struct FormatKernels {
 };
 // nullptr for a format these kernels do not decode (F32, F16, BF16, Q4_0, Q4_1, Q8_0: matmul_neon.cpp's own).
 const FormatKernels* format_kernels(DType t);
+
+// The x8 interleave's step (packed_x8.h, packed_q8u.h): p0 += sdot(a, y's 4-byte group `lane`) and
+// p1 += sdot(b, the same group), a holding rows 0..3 and b rows 4..7, so each 32-bit lane keeps one
+// row's sum. lane is 0..3; the switch makes it the immediate sdot by lane needs.
+__attribute__((target("arch=armv8.2-a+dotprod"))) inline void dot_lane_pair(int32x4_t& p0, int32x4_t& p1, int8x16_t a,
+                                                                            int8x16_t b, int8x16_t y, int lane) {
+    switch (lane) {
+    case 0: p0 = vdotq_laneq_s32(p0, a, y, 0); p1 = vdotq_laneq_s32(p1, b, y, 0); break;
+    case 1: p0 = vdotq_laneq_s32(p0, a, y, 1); p1 = vdotq_laneq_s32(p1, b, y, 1); break;
+    case 2: p0 = vdotq_laneq_s32(p0, a, y, 2); p1 = vdotq_laneq_s32(p1, b, y, 2); break;
+    default: p0 = vdotq_laneq_s32(p0, a, y, 3); p1 = vdotq_laneq_s32(p1, b, y, 3); break;
+    }
+}
 
 }  // namespace neon
 }  // namespace evk

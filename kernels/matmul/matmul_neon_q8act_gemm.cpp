@@ -24,43 +24,23 @@ namespace {
 
 using q8blocks::SumBlock;
 
-size_t q8sums_row_bytes(int64_t k) { return static_cast<size_t>((k + kQK - 1) / kQK) * sizeof(SumBlock); }
+size_t q8sums_row_bytes(int64_t k) { return q8blocks::row_bytes<SumBlock>(k); }
 
-// Tokens [t0, t1) of x as SumBlocks (neon::quantize_act's rounding, as the x86 prep's); a last
-// partial block zero-padded, tokens at or past m zeros.
+// neon::quantize_act's rounding, as the x86 prep's.
 void q8sums_prep(const float* x, int64_t x_stride, int64_t m, int64_t k, int64_t t0, int64_t t1, void* dst) {
-    const int64_t nb = (k + kQK - 1) / kQK;
-    for (int64_t t = t0; t < t1; ++t) {
-        auto* out = reinterpret_cast<SumBlock*>(static_cast<uint8_t*>(dst) + static_cast<size_t>(t) * q8sums_row_bytes(k));
-        if (t >= m) {
-            std::memset(static_cast<void*>(out), 0, q8sums_row_bytes(k));
-            continue;
-        }
-        for (int64_t b = 0; b < nb; ++b) {
-            const float* src = x + t * x_stride + b * kQK;
-            float tail[kQK];
-            if ((b + 1) * kQK > k) {
-                std::fill(tail, tail + kQK, 0.f);
-                std::copy(src, src + (k - b * kQK), tail);
-                src = tail;
-            }
-            neon::BlockQ8A blk;
-            neon::quantize_act(src, kQK, &blk);
-            int32_t sum = 0;
-            for (int i = 0; i < kQK; ++i) sum += blk.qs[i];
-            out[b].d = blk.d;
-            out[b].bias = -128 * sum;
-            std::memcpy(out[b].qs, blk.qs, kQK);
-        }
-    }
+    q8blocks::prep_rows<SumBlock>(x, x_stride, m, k, t0, t1, dst, [](const float* src, SumBlock& out) {
+        neon::BlockQ8A blk;
+        neon::quantize_act(src, kQK, &blk);
+        int32_t sum = 0;
+        for (int i = 0; i < kQK; ++i) sum += blk.qs[i];
+        out.d = blk.d;
+        out.bias = -128 * sum;
+        std::memcpy(out.qs, blk.qs, kQK);
+    });
 }
 
 constexpr int64_t kTokenBlock = 64;  // tokens whose activations stay in cache while the row range is swept
 constexpr int kTile = 4;             // tokens per tile: 2 activation, 2 int and 2 float vectors each
-
-#define EV_Q8U_DOT(P0, P1, A, B, Y, L) \
-    P0 = vdotq_laneq_s32(P0, A, Y, L); \
-    P1 = vdotq_laneq_s32(P1, B, Y, L)
 
 // Tokens x[0..N) (SumBlock rows xs bytes apart) against one group of 8 rows (nb blocks at g);
 // writes lanes [lo, hi) of each token's 8 outputs at y + n * ys.
@@ -84,13 +64,7 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) void tile(const uint8_t* g, in
             const int8x16_t w0 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(g + 32 + 32 * j), flip));
             const int8x16_t w1 = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(g + 48 + 32 * j), flip));
             for (int n = 0; n < N; ++n) {
-                const int8x16_t xx = j < 4 ? x0[n] : x1[n];
-                switch (j % 4) {  // the lane is an immediate
-                case 0: EV_Q8U_DOT(p0[n], p1[n], w0, w1, xx, 0); break;
-                case 1: EV_Q8U_DOT(p0[n], p1[n], w0, w1, xx, 1); break;
-                case 2: EV_Q8U_DOT(p0[n], p1[n], w0, w1, xx, 2); break;
-                default: EV_Q8U_DOT(p0[n], p1[n], w0, w1, xx, 3); break;
-                }
+                neon::dot_lane_pair(p0[n], p1[n], w0, w1, j < 4 ? x0[n] : x1[n], j % 4);
             }
         }
         float d[8];
@@ -108,7 +82,6 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) void tile(const uint8_t* g, in
         std::copy(out + lo, out + hi, y + n * ys + lo);
     }
 }
-#undef EV_Q8U_DOT
 
 }  // namespace
 
