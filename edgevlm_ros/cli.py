@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--kv-type", choices=KV_TYPES, default="f32",
                       help="how the KV cache stores keys and values (f32)")
     desc.add_argument("--vision-int8", action="store_true",
-                      help="int8 products for the vision tower where this CPU has them (AVX-VNNI): faster, features "
+                      help="int8 products for the vision tower where this CPU has them (AVX-VNNI, AVX512-VNNI, Arm "
+                           "dotprod): faster, features "
                            "move by int8's rounding")
     desc.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     desc.add_argument("--choice", action="append", default=None, metavar="TEXT",

@@ -180,8 +180,9 @@ def load_vlm(model: str | os.PathLike[str] | None = None, mmproj: str | os.PathL
     prefix_cache=False prefills the whole prompt for every frame (status "disabled"); kv_type: the
     text model's KV cache (f32, f16, q8_0); mtp: draft from the text file's multi-token-prediction
     block too (TextModel); vision_int8: the vision tower's matrices on int8 products where the operator
-    table has an int8 kernel for this CPU (AVX-VNNI: weights requantized to int8 blocks at load, activations
-    to int8 blocks; the features move by int8's rounding; docs/kernels/vision-int8-gemm.md)."""
+    table has an int8 kernel for this CPU (AVX-VNNI, AVX512-VNNI, Arm dotprod: weights requantized to
+    int8 blocks at load, activations to int8 blocks; the features move by int8's rounding;
+    docs/kernels/vision-int8-gemm.md)."""
     return VisionLanguageModel(model, mmproj, threads=threads, image_mode=image_mode, system_prompt=system_prompt,
                                prefix_cache_dir=prefix_cache_dir, longest_edge=longest_edge, prefix_cache=prefix_cache,
                                kv_type=kv_type, mtp=mtp, vision_int8=vision_int8)

@@ -95,8 +95,9 @@ PARAMS: tuple[ParamSpec, ...] = (
               "(int8 blocks of 32 with a scale per block and head: 0.27x the memory, faster attention over "
               "long contexts; logits move by int8's rounding of keys and values)"),
     ParamSpec("vision_int8", False, "run the vision tower's matrices on int8 products where this CPU has an int8 "
-              "kernel (AVX-VNNI): weights requantized to int8 blocks at load, activations to int8 blocks; about half "
-              "the encode time on a robot-class CPU, the image features move by int8's rounding"),
+              "kernel (AVX-VNNI, AVX512-VNNI, Arm dotprod): weights requantized to int8 blocks at load, "
+              "activations to int8 blocks; about half the encode time on a robot-class CPU, the image features "
+              "move by int8's rounding"),
 )
 _SPECS = {p.name: p for p in PARAMS}
 
