@@ -131,8 +131,9 @@ def test_world_covers_its_variation() -> None:
 
 
 def test_some_textures_vary_in_hue() -> None:
-    """Half of the blotches and 1/f textures vary in hue (three independent channels: the pixels of
-    the background span RGB space); every other texture lies between its two colours (one axis)."""
+    """Half of the blotches, 1/f and checks textures vary in hue (three independent channels: the pixels
+    of the background span RGB space; the checks become mosaics of cells of many colours); every other
+    texture lies between its two colours (one axis)."""
     from edgevlm_ros.demo.scenes import _background_f32, hue_varies
 
     textured = [s for s in (generate_scene(12, i, 160, 120) for i in range(400)) if s.background.kind == "texture"]

@@ -475,6 +475,46 @@ class Decoder:
 # -- training ---------------------------------------------------------------------------------------
 
 
+_MIRROR = {"left": "right", "centre": "centre", "right": "left"}
+
+
+def _grid_perm(flip_h: bool, flip_v: bool) -> np.ndarray:
+    """Where each patch of the flipped tile comes from (flat, row-major)."""
+    side = IMAGE_SIZE // PATCH_SIZE
+    rows = np.arange(side)[::-1] if flip_v else np.arange(side)
+    cols = np.arange(side)[::-1] if flip_h else np.arange(side)
+    return (rows[:, None] * side + cols[None, :]).reshape(-1)
+
+
+def flip_batch(scenes: list[Scene], px: Any, labels: tuple[Any, ...], rng: np.random.Generator
+               ) -> tuple[list[Scene], Any, tuple[Any, ...]]:
+    """Mirrors each frame left-right and / or upside down at random (a quarter of the frames each
+    way): four distinct frames for one drawn, at no drawing cost. A left-right mirror swaps the left
+    and right thirds (the scene's positions follow); per-patch labels and the patch-to-patch targets
+    are permuted with the patches. The routing target is tied to the fixed patches of each third's
+    tokens, so it is not supervised on a flipped frame (its weight is 0 in every shipped run)."""
+    import torch
+
+    col, shp, size, centres, route_t, route_m, group_t, group_m = (t.clone() for t in labels)
+    px = px.clone()
+    out = list(scenes)
+    for b, (fh, fv) in enumerate(rng.integers(0, 2, size=(len(scenes), 2)).astype(bool)):
+        if not (fh or fv):
+            continue
+        perm = torch.from_numpy(_grid_perm(bool(fh), bool(fv)))
+        dims = [d for d, f in ((-1, fh), (-2, fv)) if f]
+        px[b] = torch.flip(px[b], dims)
+        for t in (col, shp, size, centres, group_m):
+            t[b] = t[b][perm]
+        group_t[b] = group_t[b][perm][:, perm]
+        route_m[b] = False
+        if fh:
+            s = scenes[b]
+            out[b] = replace(s, objects=tuple(replace(o, position=_MIRROR[o.position], cx=s.width - o.cx,
+                                                      angle=-o.angle) for o in s.objects))
+    return out, px, (col, shp, size, centres, route_t, route_m, group_t, group_m)
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -626,6 +666,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     acc_hist: list[float] = []
     dense_shape_hist: list[float] = []  # per-patch shape accuracy on object patches (the aux head)
     pool = FramePool(args.seed, args.pool1, cfg, labels=True, first=args.pool1_first)
+    flips = np.random.default_rng([args.seed, args.pool1_first, 0xF11B])
     pool.fill(min(args.pool1, steps * args.batch1), args.draw_workers)
     # Per-slot weights of the slot loss: the shape slots (4th of each group) can count more.
     slot_weight = torch.ones(N_IMAGE_TOKENS)
@@ -637,6 +678,9 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
             log.warning("%s: time budget reached after %d steps", name, step)
             break
         scenes, px = pool.batch(step * args.batch1, args.batch1)
+        if args.flip:
+            assert pool.last_labels is not None
+            scenes, px, pool.last_labels = flip_batch(scenes, px, pool.last_labels, flips)
         tgt = torch.tensor([kw.slots(s) for s in scenes])  # (B, 16) token ids
         tgt_idx = soft.index[tgt]
         for g in opt.param_groups:
@@ -1160,6 +1204,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "for the routing head, see VisionSide)")
     p.add_argument("--group-weight", type=float, default=1.0,
                    help="weight of the object-grouping attention loss (see grouping_target)")
+    p.add_argument("--flip", action="store_true",
+                   help="vision stages: mirror frames left-right / upside down at random (four frames per drawn one)")
     p.add_argument("--dense-weight", type=float, default=0.5, help="weight of the per-patch colour/shape loss")
     p.add_argument("--shape-weight", type=float, default=1.0, help="weight of the shape slots in the slot loss")
     p.add_argument("--end-weight", type=float, default=1.0,

@@ -307,12 +307,32 @@ def hue_varies(bg: Background) -> bool:
     than between two colours (the independent world's blurred random-RGB frames were the ones the
     demo model took for objects). Decided by the background's own seed, so that adding it
     (2026-12-03) left every other scene as it was; of the hue-varying ones, a few (2 of 27 in 600
-    frames) drew their objects again under the contrast rule."""
-    return bg.kind == "texture" and bg.texture in ("blotches", "natural") and bg.noise_seed % 2 == 0
+    frames) drew their objects again under the contrast rule. Half of the checks became mosaics of
+    cells of many colours the same way (2026-12-06: the independent world's tiled frames without
+    objects were taken for objects)."""
+    return bg.kind == "texture" and bg.texture in ("blotches", "natural", "checks") and bg.noise_seed % 2 == 0
+
+
+def _mosaic(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
+    """Checks whose every cell has a colour of its own (a tiled floor, a wall of boxes): (height, width,
+    3) in -1..1, on the checks' rotated grid."""
+    scale = frame_scale(width, height)
+    period = max(bg.period * scale, 3.0)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    u = xx * math.cos(bg.direction) + yy * math.sin(bg.direction)
+    v = -xx * math.sin(bg.direction) + yy * math.cos(bg.direction)
+    iu = np.floor(u / period).astype(np.int64)
+    iv = np.floor(v / period).astype(np.int64)
+    iu -= iu.min()
+    iv -= iv.min()
+    cells = rng.uniform(-1, 1, size=(int(iv.max()) + 1, int(iu.max()) + 1, 3)).astype(np.float32)
+    return cells[iv, iu]
 
 
 def _texture(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
     """A texture in -1..1, (height, width, 1), or (height, width, 3) when hue_varies(bg)."""
+    if hue_varies(bg) and bg.texture == "checks":
+        return _mosaic(bg, width, height, rng)
     if hue_varies(bg):
         plain = Background(bg.kind, bg.colour_a, bg.colour_b, bg.direction, bg.noise_sigma, bg.noise_seed + 1,
                            bg.texture, bg.period, bg.contrast)
