@@ -313,14 +313,20 @@ def hue_varies(bg: Background) -> bool:
     return bg.kind == "texture" and bg.texture in ("blotches", "natural", "checks") and bg.noise_seed % 2 == 0
 
 
-def _mosaic(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
-    """Checks whose every cell has a colour of its own (a tiled floor, a wall of boxes): (height, width,
-    3) in -1..1, on the checks' rotated grid."""
-    scale = frame_scale(width, height)
-    period = max(bg.period * scale, 3.0)
+def _texture_grid(bg: Background, width: int, height: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The texture's coordinates along and across its direction (u, v: (height, width), pixels) and its
+    period in pixels of this frame."""
+    period = max(bg.period * frame_scale(width, height), 3.0)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     u = xx * math.cos(bg.direction) + yy * math.sin(bg.direction)
     v = -xx * math.sin(bg.direction) + yy * math.cos(bg.direction)
+    return u, v, period
+
+
+def _mosaic(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
+    """Checks whose every cell has a colour of its own (a tiled floor, a wall of boxes): (height, width,
+    3) in -1..1, on the checks' rotated grid."""
+    u, v, period = _texture_grid(bg, width, height)
     iu = np.floor(u / period).astype(np.int64)
     iv = np.floor(v / period).astype(np.int64)
     iu -= iu.min()
@@ -331,9 +337,9 @@ def _mosaic(bg: Background, width: int, height: int, rng: np.random.Generator) -
 
 def _texture(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
     """A texture in -1..1, (height, width, 1), or (height, width, 3) when hue_varies(bg)."""
-    if hue_varies(bg) and bg.texture == "checks":
-        return _mosaic(bg, width, height, rng)
     if hue_varies(bg):
+        if bg.texture == "checks":
+            return _mosaic(bg, width, height, rng)
         plain = Background(bg.kind, bg.colour_a, bg.colour_b, bg.direction, bg.noise_sigma, bg.noise_seed + 1,
                            bg.texture, bg.period, bg.contrast)
         return np.concatenate([_texture(plain, width, height, rng) for _ in range(3)], axis=2)
@@ -342,11 +348,7 @@ def _texture(bg: Background, width: int, height: int, rng: np.random.Generator) 
 
 def _texture_1(bg: Background, width: int, height: int, rng: np.random.Generator) -> np.ndarray:
     """A one-channel texture in -1..1 (height, width)."""
-    scale = frame_scale(width, height)
-    period = max(bg.period * scale, 3.0)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    u = xx * math.cos(bg.direction) + yy * math.sin(bg.direction)
-    v = -xx * math.sin(bg.direction) + yy * math.cos(bg.direction)
+    u, v, period = _texture_grid(bg, width, height)
     if bg.texture == "stripes":
         return np.sign(np.sin(2 * math.pi * u / period)).astype(np.float32)
     if bg.texture == "checks":
