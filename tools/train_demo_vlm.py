@@ -37,7 +37,14 @@ may run beside "keywords"):
    tokens look at their third" before the first step, and the dense per-patch head also learns
    size and object centres. With it the colour and position slots are right in >98% of held-out
    slots after ~4 minutes instead of ~4000 steps.
-4. caption (optional, --steps2 > 0): connector + top of the tower fine-tuned through the decoder.
+4. caption (--steps2 > 0): connector, post-layernorm and the top --train-layers layers of the tower
+   fine-tuned through the frozen decoder on teacher-forced captions of new frames (stream seed + 1,
+   each seen once; every --caption-empty-every-th one without objects). The regress targets are the
+   nearest-keyword picture of what the decoder needs; this stage corrects what lies between them:
+   a slot's output a quarter of the way from "No" to "." is the nearest keyword's, but the decoder
+   does not read it so. A run from caption.pt continues the saved one on the frames after it.
+   Scored before, every --caption-monitor-every steps and after on 64 + 16 fixed frames of
+   stream seed + 2 (teacher-forced loss, token accuracy, exact captions).
 5. eval: export (transformers-layout checkpoint -> edgevlm_ros.tools.convert.convert_mmproj, F16), then
    `--eval-frames` frames of `--eval-seed` (never used in training, the training frame sizes) through
    OUR engine and through torch (the same F16-rounded vision weights, the same dequantized decoder):
@@ -536,8 +543,8 @@ def _worker_init() -> None:
 
 def _pool_frame(job: tuple[int, int, PreprocessConfig, bool, int]) -> tuple[int, tuple[Scene, np.ndarray],
                                                                       tuple[np.ndarray, ...] | None]:
-    seed, k, cfg, labels, first = job
-    frame = sample(seed, first + k, cfg)
+    seed, k, cfg, labels, index = job
+    frame = sample(seed, index, cfg)
     return k, frame, frame_labels(frame[0]) if labels else None
 
 
@@ -545,14 +552,22 @@ class FramePool:
     """Frames first .. first+size-1 of one stream, generated on first use and then kept (as the
     preprocessed float tiles): generation and Lanczos resizing cost ~20% of a stage-1 step on this machine."""
 
-    def __init__(self, seed: int, size: int, cfg: PreprocessConfig, labels: bool = False, first: int = 0) -> None:
+    def __init__(self, seed: int, size: int, cfg: PreprocessConfig, labels: bool = False, first: int = 0,
+                 indices: Sequence[int] | None = None) -> None:
+        """`indices`: the stream's frame numbers to use (frame k is indices[k]), instead of first, first+1, ..."""
         self.seed, self.size, self.cfg, self.labels, self.first = seed, size, cfg, labels, first
+        self.indices = list(indices) if indices is not None else None
+        if self.indices is not None:
+            self.size = min(self.size, len(self.indices))
         self._frames: dict[int, tuple[Scene, np.ndarray]] = {}
         self._labels: dict[int, tuple[np.ndarray, ...]] = {}
         self.last_labels: tuple[Any, Any] | None = None
 
+    def _index(self, k: int) -> int:
+        return self.indices[k] if self.indices is not None else self.first + k
+
     def _make(self, k: int) -> None:
-        frame = sample(self.seed, self.first + k, self.cfg)
+        frame = sample(self.seed, self._index(k), self.cfg)
         self._frames[k] = frame
         if self.labels:
             self._labels[k] = frame_labels(frame[0])
@@ -570,8 +585,8 @@ class FramePool:
 
         t0 = time.time()
         with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as mp:
-            for k, frame, labels in mp.imap_unordered(_pool_frame, [(self.seed, k, self.cfg, self.labels, self.first)
-                                                                     for k in todo], chunksize=16):
+            jobs = [(self.seed, k, self.cfg, self.labels, self._index(k)) for k in todo]
+            for k, frame, labels in mp.imap_unordered(_pool_frame, jobs, chunksize=16):
                 self._frames[k] = frame
                 if labels is not None:
                     self._labels[k] = labels
@@ -902,8 +917,60 @@ def caption_batch(tok: Tokenizer, scenes: Sequence[Scene]) -> tuple[Any, Any]:
     return tgt, inp
 
 
+def empty_frames(seed: int, first: int, count: int) -> list[int]:
+    """The numbers of the first `count` frames of stream `seed`, from `first` on, that hold no known
+    object (~8% of a stream; the scene's layout is drawn before its size matters, so a 64x48 scan
+    finds them for a few ms each, and the caller checks the frame it draws)."""
+    out: list[int] = []
+    i = first
+    while len(out) < count:
+        if not generate_scene(seed, i, 64, 48).objects:
+            out.append(i)
+        i += 1
+    return out
+
+
+def caption_monitor(seed: int, cfg: PreprocessConfig, frames: int = 64, empty: int = 16
+                    ) -> tuple[list[Scene], Any]:
+    """The caption stage's fixed held-out frames: the first `frames` of stream `seed` (the monitor
+    stream) and `empty` more without objects from it."""
+    import torch
+
+    scenes, px = FramePool(seed, frames, cfg).batch(0, frames)
+    e_scenes, e_px = FramePool(seed, empty, cfg, indices=empty_frames(seed, frames, empty)).batch(0, empty)
+    return scenes + e_scenes, torch.cat([px, e_px])
+
+
+def caption_scores(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompt: Prompt, scenes: Sequence[Scene], px: Any
+                   ) -> dict[str, float]:
+    """Teacher-forced loss, token accuracy and captions with every token right (means over frames),
+    overall and on the frames without objects."""
+    import torch
+
+    rows: list[tuple[float, float, float, bool]] = []
+    with torch.no_grad():
+        for j in range(len(scenes)):
+            loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, vs(px[j : j + 1]), scenes[j : j + 1])
+            rows.append((float(loss), tok_acc, seq_acc, not scenes[j].objects))
+    empty = [r for r in rows if r[3]]
+    return {"loss": round(float(np.mean([r[0] for r in rows])), 4),
+            "token_accuracy": round(float(np.mean([r[1] for r in rows])), 4),
+            "captions_exact": round(float(np.mean([r[2] for r in rows])), 4),
+            "without_objects_exact": round(float(np.mean([r[2] for r in empty])), 4) if empty else float("nan")}
+
+
+# The caption stage's frames without objects come from stream seed + 1 from this frame number on,
+# apart from its other frames (which start at 0).
+EMPTY_FRAMES_FIRST = 1 << 24
+
+
 def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[Prompt], args: argparse.Namespace,
-                   cfg: PreprocessConfig, deadline: float) -> dict[str, Any]:
+                   cfg: PreprocessConfig, deadline: float, first: int = 0, first_empty: int = EMPTY_FRAMES_FIRST
+                   ) -> dict[str, Any]:
+    """Connector, post-layernorm and the top encoder layers fine-tuned through the frozen decoder on
+    teacher-forced captions of new frames of stream seed + 1 (each seen once; frames `first`, first + 1,
+    ...), every --caption-empty-every-th frame one without objects (those from `first_empty` on);
+    scored before and after on a fixed held-out set (stream seed + 2)."""
     import torch
 
     trainable: list[Any] = [*vs.connector.parameters(), *vs.vision.post_layernorm.parameters()]
@@ -912,22 +979,34 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
     for m in vs.modules():
         for p in m.parameters():
             p.requires_grad_(False)
-        m.train()
+        m.eval()
+    monitor = caption_monitor(args.seed + 2, cfg)
+    before = caption_scores(vs, dec, tok, prompts[0], *monitor)
+    log.info("caption stage, held-out before: %s", before)
     for p in trainable:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(trainable, lr=args.lr2, weight_decay=0.0, betas=(0.9, 0.98))
     t0 = time.time()
     hist: list[tuple[float, float]] = []
     step = 0
-    pool = FramePool(args.seed + 1, 1 << 30, cfg)  # stage 2 sees every frame once
+    n_empty = args.batch2 // args.caption_empty_every if args.caption_empty_every else 0
+    n_plain = args.batch2 - n_empty
+    pool = FramePool(args.seed + 1, 1 << 30, cfg, first=first)  # every frame once
+    empty_ids = empty_frames(args.seed + 1, first_empty, n_empty * args.steps2)
+    empties = FramePool(args.seed + 1, 1 << 30, cfg, indices=empty_ids) if n_empty else None
     for step in range(args.steps2):
         if time.time() > deadline:
-            log.warning("stage 2: time budget reached after %d steps", step)
+            log.warning("caption stage: time budget reached after %d steps", step)
             break
         prompt = prompts[step % len(prompts)]
-        scenes, px = pool.batch(step * args.batch2, args.batch2)
+        scenes, px = pool.batch(step * n_plain, n_plain)
+        if empties is not None:
+            e_scenes, e_px = empties.batch(step * n_empty, n_empty)
+            scenes, px = scenes + e_scenes, torch.cat([px, e_px])
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps2, args.lr2, 10)
+        for m in vs.modules():
+            m.train()
         loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, vs(px), scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -935,13 +1014,28 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
         opt.step()
         hist.append((tok_acc, seq_acc))
         if step % 5 == 0 or step == args.steps2 - 1:
-            log.info("stage2 step %d/%d loss %.4f token-acc %.3f caption-exact(teacher forced) %.3f (%.0f s)",
+            log.info("caption step %d/%d loss %.4f token-acc %.3f caption-exact(teacher forced) %.3f (%.0f s)",
                      step, args.steps2, loss.item(), tok_acc, seq_acc, time.time() - t0)
+        if args.caption_monitor_every and (step + 1) % args.caption_monitor_every == 0:
+            for m in vs.modules():
+                m.eval()
+            log.info("caption stage, held-out after %d steps: %s", step + 1,
+                     caption_scores(vs, dec, tok, prompts[0], *monitor))
+    for m in vs.modules():
+        m.eval()
+    after = caption_scores(vs, dec, tok, prompts[0], *monitor)
+    log.info("caption stage, held-out after: %s", after)
     last = hist[-20:]
-    return {"steps": step + 1, "frames": (step + 1) * args.batch2, "seconds": round(time.time() - t0, 1),
+    n_done = len(hist)
+    return {"steps": n_done, "frames": n_done * args.batch2, "frames_without_objects": n_done * n_empty,
+            "pool_first_frame": first, "next_frame": first + n_done * n_plain,
+            "next_empty_frame": empty_ids[n_done * n_empty] if n_done * n_empty < len(empty_ids) else (
+                empty_ids[-1] + 1 if empty_ids else first_empty),
+            "seconds": round(time.time() - t0, 1), "lr": args.lr2,
             "trained": f"connector, post_layernorm, last {args.train_layers} encoder layer(s)",
+            "held_out_teacher_forced": {"frames": len(monitor[0]), "before": before, "after": after},
             "final_token_accuracy_train_avg20": round(float(np.mean([a for a, _ in last])), 4) if last else None,
-            "final_caption_exact_train_avg20": round(float(np.mean([s for _, s in last])), 4) if last else None}
+            "final_caption_exact_train_avg20": round(float(np.mean([q for _, q in last])), 4) if last else None}
 
 
 # -- export -----------------------------------------------------------------------------------------
@@ -1223,6 +1317,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch2", type=int, default=16, help="decoder stages batch")
     p.add_argument("--lr2", type=float, default=1e-4)
     p.add_argument("--train-layers", type=int, default=1, help="caption stage: encoder layers trained (from the top)")
+    p.add_argument("--caption-empty-every", type=int, default=0,
+                   help="caption stage: every n-th frame of a batch is one without objects (0: as the world draws)")
+    p.add_argument("--caption-monitor-every", type=int, default=50,
+                   help="caption stage: held-out teacher-forced scores every n steps (0: before and after only)")
     p.add_argument("--minutes2", type=float, default=15.0)
     p.add_argument("--eval-seed", type=int, default=999)
     p.add_argument("--eval-frames", type=int, default=300)
@@ -1411,10 +1509,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if latest is None:
                 raise SystemExit("caption stage: no vision weights in --work (run keywords / regress first)")
             vs.load_state_dict(torch.load(latest))
-            rec = train_captions(vs, dec, tok, prompts, args, cfg, time.time() + 60 * args.minutes2)
+            # From caption.pt: another run of this stage, after the saved one.
+            earlier = _stage_record(args.work, "caption") if latest.name == "caption.pt" else None
+            rec = train_captions(vs, dec, tok, prompts, args, cfg, time.time() + 60 * args.minutes2,
+                                 first=(earlier or {}).get("next_frame", 0),
+                                 first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST))
             rec["started_from"] = latest.name
             torch.save(vs.state_dict(), args.work / "caption.pt")
+            if earlier is not None:
+                rec["continued_from"] = earlier
+                rec["frames"] += earlier.get("frames", 0)
+                rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0)  # theirs, all runs
             finish(stage, rec, t0)
+            rec["wall_seconds"] += rec.get("wall_seconds_earlier_runs", 0.0)
+            (args.work / f"{stage}.json").write_text(json.dumps(rec, indent=2))
         elif stage == "eval":
             latest = _latest_vision(args.work)
             if latest is None:
