@@ -401,6 +401,16 @@ def demo_vlm(demo_text: Path) -> Any:
     return load_vlm(demo_text, DEMO_MMPROJ_PATH, threads=2, image_mode="single")
 
 
+def test_caption_stage_finds_frames_without_objects() -> None:
+    """The caption stage's frames without objects are found by a 64x48 scan of the stream: drawn
+    at their training size they hold no object either, and they lie after the stage's other frames."""
+    tool = _training_tool()
+    ids = tool.empty_frames(2, tool.EMPTY_FRAMES_FIRST, 12)
+    assert len(ids) == 12 and ids == sorted(set(ids)) and ids[0] >= tool.EMPTY_FRAMES_FIRST
+    for i in ids:
+        assert not generate_scene(2, i, *tool.frame_size(2, i)).objects, i
+
+
 def test_record_matches_the_committed_mmproj(demo_vlm: Any) -> None:
     from edgevlm_ros.demo.demo_model import BASE_VOCAB, DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
 

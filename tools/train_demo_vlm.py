@@ -920,7 +920,7 @@ def caption_batch(tok: Tokenizer, scenes: Sequence[Scene]) -> tuple[Any, Any]:
 def empty_frames(seed: int, first: int, count: int) -> list[int]:
     """The numbers of the first `count` frames of stream `seed`, from `first` on, that hold no known
     object (~8% of a stream; the scene's layout is drawn before its size matters, so a 64x48 scan
-    finds them for a few ms each, and the caller checks the frame it draws)."""
+    finds them at ~1 ms a frame; test_demo_model.py checks them at their training sizes)."""
     out: list[int] = []
     i = first
     while len(out) < count:
