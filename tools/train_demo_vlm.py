@@ -1430,9 +1430,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     dec = Decoder(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     soft = SoftPrompt(dec.embeddings, kw)
 
-    def finish(name: str, rec: dict[str, Any], t0: float) -> None:
+    def finish(name: str, rec: dict[str, Any], t0: float, earlier: dict[str, Any] | None = None,
+               count: str = "frames") -> None:
+        """Writes the stage's record. `earlier`: the record of the run this one continued, kept as
+        continued_from; the count (`count`: frames or scenes) and the wall time then cover all runs
+        (an earlier record's own wall_seconds already covers the runs before it)."""
         rec["command"] = command(argv)
         rec["wall_seconds"] = round(time.time() - t0, 1)
+        if earlier is not None:
+            rec["continued_from"] = earlier
+            rec[count] += earlier.get(count, 0)
+            rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0)
+            rec["wall_seconds"] += rec["wall_seconds_earlier_runs"]
         (args.work / f"{name}.json").write_text(json.dumps(rec, indent=2))
 
     for stage in args.stages:
@@ -1461,15 +1470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 earlier = _stage_record(args.work, "prompt")
             rec = train_prompt(soft, dec, tok, kw, prompts[0], args, time.time() + 60 * args.minutes_prompt,
                                first_scene=(earlier or {}).get("next_scene", (earlier or {}).get("scenes", 0)))
-            if earlier is not None:
-                rec["continued_from"] = earlier
-                rec["scenes"] += earlier.get("scenes", 0)
-                rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0) + earlier.get(
-                    "wall_seconds_earlier_runs", 0.0)
             torch.save(soft.state(), args.work / "prompt.pt")
-            finish(stage, rec, t0)
-            rec["wall_seconds"] += rec.get("wall_seconds_earlier_runs", 0.0)
-            (args.work / f"{stage}.json").write_text(json.dumps(rec, indent=2))
+            finish(stage, rec, t0, earlier, count="scenes")
         elif stage == "regress":
             earlier = None
             if args.continue_regress:  # another run of this stage, starting where the saved one ended
@@ -1497,13 +1499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    else f"a fresh tower (--pos-init {args.pos_init})" if args.regress_from_scratch
                                    else "stage1.pt")
             torch.save(vs.state_dict(), args.work / "regress.pt")
-            if earlier is not None:
-                rec["continued_from"] = earlier
-                rec["frames"] += earlier.get("frames", 0)
-                rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0)
-            finish(stage, rec, t0)
-            rec["wall_seconds"] += rec.get("wall_seconds_earlier_runs", 0.0)
-            (args.work / f"{stage}.json").write_text(json.dumps(rec, indent=2))
+            finish(stage, rec, t0, earlier)
         elif stage == "caption":
             latest = _latest_vision(args.work)
             if latest is None:
@@ -1516,13 +1512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST))
             rec["started_from"] = latest.name
             torch.save(vs.state_dict(), args.work / "caption.pt")
-            if earlier is not None:
-                rec["continued_from"] = earlier
-                rec["frames"] += earlier.get("frames", 0)
-                rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0)  # theirs, all runs
-            finish(stage, rec, t0)
-            rec["wall_seconds"] += rec.get("wall_seconds_earlier_runs", 0.0)
-            (args.work / f"{stage}.json").write_text(json.dumps(rec, indent=2))
+            finish(stage, rec, t0, earlier)
         elif stage == "eval":
             latest = _latest_vision(args.work)
             if latest is None:
