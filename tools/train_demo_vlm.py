@@ -38,6 +38,7 @@ may run beside "keywords"):
    size and object centres. With it the colour and position slots are right in >98% of held-out
    slots after ~4 minutes instead of ~4000 steps.
 4. caption (--steps2 > 0): connector, post-layernorm and the top --train-layers layers of the tower
+   (and with --train-patch-embedding its patch embedding)
    fine-tuned through the frozen decoder on teacher-forced captions of new frames (stream seed + 1,
    each seen once; every --caption-empty-every-th one without objects). The regress targets are the
    nearest-keyword picture of what the decoder needs; this stage corrects what lies between them:
@@ -976,6 +977,8 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
     trainable: list[Any] = [*vs.connector.parameters(), *vs.vision.post_layernorm.parameters()]
     for layer in vs.vision.encoder.layers[-args.train_layers:]:
         trainable += list(layer.parameters())
+    if args.train_patch_embedding:
+        trainable += list(vs.vision.embeddings.patch_embedding.parameters())
     for m in vs.modules():
         for p in m.parameters():
             p.requires_grad_(False)
@@ -1032,7 +1035,8 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
             "next_empty_frame": empty_ids[n_done * n_empty] if n_done * n_empty < len(empty_ids) else (
                 empty_ids[-1] + 1 if empty_ids else first_empty),
             "seconds": round(time.time() - t0, 1), "lr": args.lr2,
-            "trained": f"connector, post_layernorm, last {args.train_layers} encoder layer(s)",
+            "trained": f"connector, post_layernorm, last {args.train_layers} encoder layer(s)"
+                       + (", patch embedding" if args.train_patch_embedding else ""),
             "held_out_teacher_forced": {"frames": len(monitor[0]), "before": before, "after": after},
             "final_token_accuracy_train_avg20": round(float(np.mean([a for a, _ in last])), 4) if last else None,
             "final_caption_exact_train_avg20": round(float(np.mean([q for _, q in last])), 4) if last else None}
@@ -1317,6 +1321,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch2", type=int, default=16, help="decoder stages batch")
     p.add_argument("--lr2", type=float, default=1e-4)
     p.add_argument("--train-layers", type=int, default=1, help="caption stage: encoder layers trained (from the top)")
+    p.add_argument("--train-patch-embedding", action="store_true",
+                   help="caption stage: the patch embedding trains too (the position embeddings stay fixed)")
     p.add_argument("--caption-empty-every", type=int, default=0,
                    help="caption stage: every n-th frame of a batch is one without objects (0: as the world draws)")
     p.add_argument("--caption-monitor-every", type=int, default=50,
