@@ -1297,6 +1297,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--route-weight", type=float, default=0.0,
                    help="weight of an attention-routing loss (head 0 of layer 3 told where a mention's tokens must "
                    "look); tried in a 5-minute run without a clear gain, unused (0) for the shipped model")
+    p.add_argument("--tile", default=None, metavar="SIZE/PATCH/SCALE",
+                   help="another tile geometry with the same 16 image tokens, e.g. 192/16/3 (a from-scratch "
+                        "vision stage; the shipped model is 128/16/2)")
     p.add_argument("--pos-init", choices=["default", "sincos", "routing"], default="default",
                    help="position embedding init of a fresh tower (default: transformers' own; routing: a start "
                    "for the routing head, see VisionSide)")
@@ -1419,6 +1422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.tile:
+        try:
+            set_tile(*(int(v) for v in args.tile.split("/")))
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"--tile {args.tile}: {e}") from None
 
     text_gguf = ensure_demo_text_model()
     from edgevlm_ros import _engine
