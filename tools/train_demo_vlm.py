@@ -413,6 +413,11 @@ class VisionSide:
     def modules(self) -> list[Any]:
         return [self.vision, self.connector]
 
+    def train(self, mode: bool = True) -> None:
+        """Training (True) or evaluation (False) mode for the tower and the connector."""
+        for m in self.modules():
+            m.train(mode)
+
     def __call__(self, pixel_values: Any, with_patches: bool = False) -> Any:
         """(B, 16, 576) image embeddings; with_patches: also the patch states that enter the routing
         layer (B, patches, WIDTH), and the attention maps in self.attentions."""
@@ -675,8 +680,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
         # Nearest target wins: logits are minus squared distances (consistent with the MSE).
         return -(out.unsqueeze(-2) - cand).pow(2).sum(-1)
 
-    for m in vs.modules():
-        m.train()
+    vs.train()
     t0 = time.time()
     step = 0
     acc_hist: list[float] = []
@@ -736,8 +740,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
                      "patch-shape-acc %.3f group %.3f (%.0f s)", name, step, steps, loss.item(), ce.item(), mse.item(),
                      dense.item(), route.item(), float(np.mean(acc_hist[-10:])), float(np.mean(dense_shape_hist[-10:])),
                      group.item(), time.time() - t0)
-    for m in vs.modules():
-        m.eval()
+    vs.train(False)
     with torch.no_grad():
         held = FramePool(args.seed + 2, 128, cfg)
         scenes, px = held.batch(0, 128)
@@ -842,8 +845,7 @@ def recover_prompt(soft: SoftPrompt, vs: VisionSide, kw: Keywords, args: argpars
     and the deltas changes none of them."""
     import torch
 
-    for m in vs.modules():
-        m.eval()
+    vs.train(False)
     pool = FramePool(args.seed, args.recover_frames, cfg)
     pool.fill(args.recover_frames, args.draw_workers)
     outs, tgts = [], []
@@ -945,14 +947,17 @@ def caption_monitor(seed: int, cfg: PreprocessConfig, frames: int = 64, empty: i
 def caption_scores(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompt: Prompt, scenes: Sequence[Scene], px: Any
                    ) -> dict[str, float]:
     """Teacher-forced loss, token accuracy and captions with every token right (means over frames),
-    overall and on the frames without objects."""
+    overall and on the frames without objects; in evaluation mode (the tower's mode is restored after)."""
     import torch
 
+    training = vs.vision.training
+    vs.train(False)
     rows: list[tuple[float, float, float, bool]] = []
     with torch.no_grad():
         for j in range(len(scenes)):
             loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, vs(px[j : j + 1]), scenes[j : j + 1])
             rows.append((float(loss), tok_acc, seq_acc, not scenes[j].objects))
+    vs.train(training)
     empty = [r for r in rows if r[3]]
     return {"loss": round(float(np.mean([r[0] for r in rows])), 4),
             "token_accuracy": round(float(np.mean([r[1] for r in rows])), 4),
@@ -982,13 +987,13 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
     for m in vs.modules():
         for p in m.parameters():
             p.requires_grad_(False)
-        m.eval()
     monitor = caption_monitor(args.seed + 2, cfg)
     before = caption_scores(vs, dec, tok, prompts[0], *monitor)
     log.info("caption stage, held-out before: %s", before)
     for p in trainable:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(trainable, lr=args.lr2, weight_decay=0.0, betas=(0.9, 0.98))
+    vs.train()
     t0 = time.time()
     hist: list[tuple[float, float]] = []
     step = 0
@@ -1008,8 +1013,6 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
             scenes, px = scenes + e_scenes, torch.cat([px, e_px])
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps2, args.lr2, 10)
-        for m in vs.modules():
-            m.train()
         loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, vs(px), scenes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -1020,12 +1023,9 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
             log.info("caption step %d/%d loss %.4f token-acc %.3f caption-exact(teacher forced) %.3f (%.0f s)",
                      step, args.steps2, loss.item(), tok_acc, seq_acc, time.time() - t0)
         if args.caption_monitor_every and (step + 1) % args.caption_monitor_every == 0:
-            for m in vs.modules():
-                m.eval()
             log.info("caption stage, held-out after %d steps: %s", step + 1,
                      caption_scores(vs, dec, tok, prompts[0], *monitor))
-    for m in vs.modules():
-        m.eval()
+    vs.train(False)
     after = caption_scores(vs, dec, tok, prompts[0], *monitor)
     log.info("caption stage, held-out after: %s", after)
     last = hist[-20:]
@@ -1541,8 +1541,7 @@ def evaluate_and_record(args: argparse.Namespace, argv: Sequence[str] | None, vs
                         config: Any, text_gguf: Path, weights: Path) -> None:
     import torch
 
-    for m in vs.modules():
-        m.eval()
+    vs.train(False)
     out = export(vs, config, args.work / "hf", args.out)
     write_committed_prompt(saved_prompt(args.work))
     round_like_f16_file(vs)
