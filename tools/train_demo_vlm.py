@@ -352,6 +352,7 @@ class VisionSide:
         self.config = config
         self.vision = Idefics3VisionTransformer(config.vision_config)
         self.connector = Idefics3Connector(config)
+        self.retiled_from = ""  # the tile geometry of loaded weights carried over by `retiled`, if any
         # Start the image tokens near the decoder's embedding scale (|e| ~ 2.5), not ~14 as nn.Linear's
         # default gives for 3072 unit-variance inputs.
         torch.nn.init.normal_(self.connector.modality_projection.proj.weight, std=0.002)
@@ -434,10 +435,65 @@ class VisionSide:
         return out
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Loads weights under an Idefics3 checkpoint's names; weights of another tile geometry (16
+        image tokens either way, e.g. the shipped 128/16/2 into a 192/16/3 tower) are carried over
+        by `retiled`."""
+        if sd[POS_NAME].shape != self.vision.embeddings.position_embedding.weight.shape:
+            self.retiled_from = "{}/{}/{}".format(*tile_of(sd))
+            sd = retiled(sd)
         self.vision.load_state_dict({k[len("model.vision_model."):]: v for k, v in sd.items()
                                      if k.startswith("model.vision_model.")})
         self.connector.load_state_dict({k[len("model.connector."):]: v for k, v in sd.items()
                                         if k.startswith("model.connector.")})
+
+
+POS_NAME = "model.vision_model.embeddings.position_embedding.weight"
+PROJ_NAME = "model.connector.modality_projection.proj.weight"
+
+
+def _sub_interpolation(old: int, new: int) -> np.ndarray:
+    """(new, old): linear interpolation between the old sub-patch centres of one image token, at the
+    new sub-patch centres (clamped at the token's edges). Each column sums to new / old."""
+    m = np.zeros((new, old))
+    for a in range(new):
+        x = min(max((a + 0.5) * old / new - 0.5, 0.0), old - 1.0)
+        lo = int(x)
+        hi = min(lo + 1, old - 1)
+        m[a, lo] += 1.0 - (x - lo)
+        m[a, hi] += x - lo
+    return m
+
+
+def tile_of(sd: dict[str, Any]) -> tuple[int, int, int]:
+    """(image size, patch size, scale) of a checkpoint, read from its tensors' shapes."""
+    return (math.isqrt(sd[POS_NAME].shape[0]) * PATCH_SIZE, PATCH_SIZE,
+            math.isqrt(sd[PROJ_NAME].shape[1] // WIDTH))
+
+
+def retiled(sd: dict[str, Any]) -> dict[str, Any]:
+    """The weights of a tower of another tile geometry, carried over to the current one (same patch
+    size and image tokens; the old geometry read from the tensors' shapes). An image token covers
+    the same part of the frame in both, so within each token the position embeddings are
+    interpolated between the old sub-patches (the routing codes of a token's group stay its own),
+    and the connector's weight for a new sub-patch is the interpolated old weights scaled by
+    old_scale^2 / new_scale^2, so that a token whose patches all equal the old ones' gives the old
+    output. Everything else (patch embedding, layers, norms) has the same shape and is kept."""
+    import torch
+
+    size, _, old_scale = tile_of(sd)
+    old_side = size // PATCH_SIZE
+    new_side, new_scale = IMAGE_SIZE // PATCH_SIZE, SCALE
+    tokens_side = new_side // new_scale
+    if old_side * old_side != sd[POS_NAME].shape[0] or old_side // old_scale != tokens_side:
+        raise ValueError(f"cannot carry a {old_side}x{old_side}-patch tower (scale {old_scale}) over to "
+                         f"{new_side}x{new_side} (scale {new_scale}): the image tokens differ")
+    m = torch.from_numpy(_sub_interpolation(old_scale, new_scale)).float()
+    old_pos = sd[POS_NAME].reshape(tokens_side, old_scale, tokens_side, old_scale, WIDTH)
+    new_pos = torch.einsum("ai,bj,ricjw->racbw", m, m, old_pos).reshape(new_side * new_side, WIDTH)
+    proj = sd[PROJ_NAME]
+    old_w = proj.reshape(proj.shape[0], old_scale, old_scale, WIDTH)  # channel (a * s + b) * WIDTH + d
+    new_w = torch.einsum("ai,bj,hijw->habw", m, m, old_w) * (old_scale**2 / new_scale**2)
+    return {**sd, POS_NAME: new_pos, PROJ_NAME: new_w.reshape(proj.shape[0], new_scale * new_scale * WIDTH)}
 
 
 class Decoder:
@@ -1525,6 +1581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  first=(earlier or {}).get("next_frame", 0),
                                  first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST))
             rec["started_from"] = latest.name
+            if vs.retiled_from:
+                rec["started_from"] += f", carried over from tile {vs.retiled_from} (retiled)"
             torch.save(vs.state_dict(), args.work / "caption.pt")
             finish(stage, rec, t0, earlier)
         elif stage == "eval":
