@@ -411,6 +411,49 @@ def test_caption_stage_finds_frames_without_objects() -> None:
         assert not generate_scene(2, i, *tool.frame_size(2, i)).objects, i
 
 
+def test_a_tower_carries_over_to_another_tile() -> None:
+    """The training tool's `retiled`: a 128/16/2 tower loaded into a 192/16/3 one (16 image tokens
+    either way). Patch states that are constant over each image token give the old connector's
+    output, and every image token's patches keep its group's routing code."""
+    import torch
+
+    T = _training_tool()
+    old = (T.IMAGE_SIZE, T.PATCH_SIZE, T.SCALE)
+    assert old == (128, 16, 2)
+    small = T.VisionSide(T.idefics3_config(), 0, "routing")
+    torch.nn.init.normal_(small.connector.modality_projection.proj.weight, std=0.05)
+    per_token = torch.randn(1, 4, 4, T.WIDTH)
+
+    def patches(scale: int) -> Any:  # each token's state on its scale x scale patches
+        return per_token.repeat_interleave(scale, 1).repeat_interleave(scale, 2).reshape(1, -1, T.WIDTH)
+
+    old_patches = T.TOKEN_PATCHES
+    try:
+        T.set_tile(192, 16, 3)
+        big = T.VisionSide(T.idefics3_config(), 1)
+        big.load_state_dict(small.state_dict())
+        assert big.retiled_from == "128/16/2"
+        with torch.no_grad():
+            want, got = small.connector(patches(2)), big.connector(patches(3))
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), float((got - want).abs().max())
+        pos = big.vision.embeddings.position_embedding.weight
+        small_pos = small.vision.embeddings.position_embedding.weight
+        # A token's corner patches keep the old corners' embeddings (row-major 3 x 3 from 2 x 2).
+        for new_p, old_p in zip(T.TOKEN_PATCHES, old_patches, strict=True):
+            for a, b in ((0, 0), (2, 1), (6, 2), (8, 3)):
+                assert torch.equal(pos[new_p[a]], small_pos[old_p[b]])
+        group_ch = range(T.WIDTH - len(POSITIONS), T.WIDTH)
+        for g, tokens in enumerate(T.SLOT_GROUPS):
+            for k in tokens:
+                for p in T.TOKEN_PATCHES[k]:
+                    assert [float(pos[p, c]) for c in group_ch] == [4.0 if c == g else 0.0 for c in range(3)]
+        for name, w in small.state_dict().items():
+            if name not in (T.POS_NAME, T.PROJ_NAME):
+                assert torch.equal(big.state_dict()[name], w), name
+    finally:
+        T.set_tile(*old)
+
+
 def test_record_matches_the_committed_mmproj(demo_vlm: Any) -> None:
     from edgevlm_ros.demo.demo_model import BASE_VOCAB, DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
 
