@@ -454,6 +454,30 @@ def test_a_tower_carries_over_to_another_tile() -> None:
         T.set_tile(*old)
 
 
+def test_the_committed_mmproj_loads_into_another_tile() -> None:
+    """`load_mmproj` of the committed 128 px file into a 192/16/3 tower gives what `retiled` makes of
+    the same file loaded at 128 px (the regress stage starts a larger tile from the shipped model)."""
+    import torch
+
+    from edgevlm_ros.demo.demo_model import DEMO_MMPROJ_PATH
+
+    T = _training_tool()
+    small = T.VisionSide(T.idefics3_config(), 0)
+    T.load_mmproj(small, DEMO_MMPROJ_PATH)
+    try:
+        T.set_tile(192, 16, 3)
+        big = T.VisionSide(T.idefics3_config(), 1)
+        T.load_mmproj(big, DEMO_MMPROJ_PATH)
+        assert big.retiled_from == "128/16/2"
+        want = T.retiled(small.state_dict())
+        got = big.state_dict()
+        assert sorted(got) == sorted(want)
+        for name, w in want.items():
+            assert torch.equal(got[name], w), name
+    finally:
+        T.set_tile(128, 16, 2)
+
+
 def test_record_matches_the_committed_mmproj(demo_vlm: Any) -> None:
     from edgevlm_ros.demo.demo_model import BASE_VOCAB, DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
 

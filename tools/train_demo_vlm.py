@@ -1138,7 +1138,9 @@ _MMPROJ_NAMES = {"v.patch_embd.weight": "model.vision_model.embeddings.patch_emb
 def load_mmproj(vs: VisionSide, path: Path) -> None:
     """Loads an mmproj GGUF written by export() back into the torch model (the inverse of the
     converter's vision plan: same names, no permutation; F16 widened to F32), so that the committed
-    file can be checked against torch without the training checkpoint."""
+    file can be checked against torch without the training checkpoint. A file of another tile
+    geometry (position embeddings and connector sized for it) is carried over to the current one by
+    `VisionSide.load_state_dict`."""
     import torch
     from gguf import GGUFReader
 
@@ -1150,7 +1152,14 @@ def load_mmproj(vs: VisionSide, path: Path) -> None:
             name = f"model.vision_model.encoder.layers.{layer}.{_MMPROJ_LAYER_NAMES[kind]}.{part}"
         else:
             name = _MMPROJ_NAMES[t.name]
-        got[name] = torch.from_numpy(np.asarray(t.data, dtype=np.float32).reshape(tuple(want[name].shape)).copy())
+        data = np.asarray(t.data, dtype=np.float32)
+        if name in want and data.size == want[name].numel():
+            shape = tuple(want[name].shape)
+        elif name in (POS_NAME, PROJ_NAME):  # another tile geometry: as `retiled` reads it
+            shape = (-1, WIDTH) if name == POS_NAME else (int(want[name].shape[0]), -1)
+        else:
+            raise ValueError(f"{path}: {t.name} holds {data.size} values, the tower wants {tuple(want[name].shape)}")
+        got[name] = torch.from_numpy(data.reshape(shape).copy())
     missing = sorted(set(want) - set(got))
     if missing:
         raise ValueError(f"{path}: no tensors for {missing[:4]}")
@@ -1568,6 +1577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    f"the tower of {args.regress_from_mmproj.name}" if args.regress_from_mmproj
                                    else f"a fresh tower (--pos-init {args.pos_init})" if args.regress_from_scratch
                                    else "stage1.pt")
+            if vs.retiled_from:
+                rec["started_from"] += f", carried over from tile {vs.retiled_from} (retiled)"
             torch.save(vs.state_dict(), args.work / "regress.pt")
             finish(stage, rec, t0, earlier)
         elif stage == "caption":
