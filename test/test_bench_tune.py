@@ -267,6 +267,14 @@ def test_tune_table_order_changes_the_choice(tmp_path, restore_optable):
     optable.activate(path)
     assert _engine.choose_matmul("F16", "prefill", 576, 576) == "avx2_gemm"
     assert _engine.choose_matmul("F16", "int8", 576, 576) == want_int8
+    # On any CPU: the built-in table puts AMX's GEMM above its int8 rules (AMX serves a product allowed
+    # int8), so the tuned table's int8 block does too, before the first int8 kernel's rule.
+    rules = [ln.split() for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    int8_variants = [r[5] for r in rules if r[2] == "int8"]
+    assert ["F16", "int8", "amx_gemm"] in [[r[1], r[2], r[5]] for r in rules]
+    assert int8_variants.index("amx_gemm") < int8_variants.index("avxvnni_q8act_gemm")
+    assert max(i for i, r in enumerate(rules) if r[2] == "int8") < min(
+        i for i, r in enumerate(rules) if r[2] in ("decode", "prefill"))
 
 
 def test_int8_rules_serve_only_products_allowed_int8(tmp_path, restore_optable):

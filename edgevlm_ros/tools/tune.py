@@ -384,14 +384,20 @@ def build_table(measures: Sequence[Measure], single: dict[str, dict[str, float]]
     """The tuned operator table: per (format, phase) the candidates fastest first, ref last; the
     built-in rules follow as fallbacks for anything not measured. The built-in int8 rules (a user's
     choice, vision_int8, not a measured one) come first: a prefill rule above them would take the
-    products they are for."""
+    products they are for. The built-in prefill rules that the built-in table puts above its int8
+    rules (AMX's GEMM serves such a product where the CPU has it) go before them as int8 rules, so
+    a product allowed int8 gets the built-in table's choice and every other product the measured one."""
     feats = variant_features(builtin_text)
     lines = [f"# {h}" if h else "#" for h in header]
     lines.append("# operator  format  phase  shape  features  variant    # measured time per call")
     builtin = [body for line in builtin_text.replace(";", "\n").splitlines() if (body := line.split("#", 1)[0].strip())]
     int8 = [body for body in builtin if body.split()[:3:2] == ["matmul", "int8"]]
     if int8:
-        lines.append("# the built-in int8 rules (vision_int8: chosen by the user, not measured)")
+        above = builtin[:builtin.index(int8[0])]
+        lines.append("# the built-in int8 rules (vision_int8: chosen by the user, not measured), after the built-in")
+        lines.append("# prefill rules above them there, as int8 rules (they take such a product first, as there)")
+        lines += [" ".join([*f[:2], "int8", *f[3:]]) for body in above
+                  if (f := body.split())[0] == "matmul" and f[2] in ("prefill", "*")]
         lines += int8
     formats = list(dict.fromkeys(mm.fmt for mm in measures))
 
