@@ -45,6 +45,42 @@ def hf_model(text_model_path: Path) -> Any:
     return model
 
 
+INT8_VISION_VARIANTS = ("avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm", "neon_q8act_gemm")
+
+
+@pytest.fixture
+def int8_vision_table() -> Any:
+    """A function that puts products allowed int8 (vision_int8) on an int8 kernel wherever this CPU
+    has one and returns the kernel's name (None where the CPU has none). Where the built-in table
+    gives such products to AMX's float GEMM (an AMX CPU also has AVX-VNNI), it activates a table with
+    an int8 rule for that kernel above the built-in rules, so the kernel runs through the models
+    there too; the default lookup comes back after the test."""
+    from edgevlm_ros import _engine
+    from edgevlm_ros.engine import optable
+
+    changed = False
+
+    def enable() -> str | None:
+        nonlocal changed
+        optable.ensure_active()
+        chosen = _engine.choose_matmul("F16", "int8", 1152, 1152)
+        if chosen != _engine.choose_matmul("F16", "prefill", 1152, 1152):
+            return str(chosen)
+        have = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul" and v["available"]}
+        kernel = next((v for v in INT8_VISION_VARIANTS if v in have), None)
+        if kernel is not None:
+            optable.activate_text(f"matmul  *  int8  any  -  {kernel}\n" + optable._builtin_text(),
+                                  f"built-in default with {kernel} first for int8 products (test)")
+            changed = True
+        return kernel
+
+    try:
+        yield enable
+    finally:
+        if changed:
+            optable.activate()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The native programs the selected tests build (their modules' BUILD_AHEAD), started in the
     background now (native_build.build_ahead: lowest CPU priority, so only idle CPU time)."""
