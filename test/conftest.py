@@ -48,6 +48,17 @@ def hf_model(text_model_path: Path) -> Any:
 INT8_VISION_VARIANTS = ("avxvnni_q8act_gemm", "avx512vnni_q8act_gemm_ymm", "neon_q8act_gemm")
 
 
+def int8_kernel(wtype: str) -> str | None:
+    """The kernel the active table gives a tower weight when int8 products are allowed, or None
+    where it has no int8 rule for this CPU (the float kernel serves it then)."""
+    from edgevlm_ros import _engine
+    from edgevlm_ros.engine import optable
+
+    optable.ensure_active()
+    chosen = _engine.choose_matmul(wtype, "int8", 1152, 1152)
+    return None if chosen == _engine.choose_matmul(wtype, "prefill", 1152, 1152) else str(chosen)
+
+
 @pytest.fixture
 def int8_vision_table() -> Any:
     """A function that puts products allowed int8 (vision_int8) on an int8 kernel wherever this CPU
@@ -62,10 +73,9 @@ def int8_vision_table() -> Any:
 
     def enable() -> str | None:
         nonlocal changed
-        optable.ensure_active()
-        chosen = _engine.choose_matmul("F16", "int8", 1152, 1152)
-        if chosen != _engine.choose_matmul("F16", "prefill", 1152, 1152):
-            return str(chosen)
+        chosen = int8_kernel("F16")
+        if chosen is not None:
+            return chosen
         have = {v["name"] for v in _engine.list_variants() if v["op"] == "matmul" and v["available"]}
         kernel = next((v for v in INT8_VISION_VARIANTS if v in have), None)
         if kernel is not None:

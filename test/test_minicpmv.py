@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import int8_kernel
 from minicpmv_fixtures import PATCH, cached_minicpmv, cached_minicpmv_llama_cpp_mmproj
 
 FULL = os.environ.get("EDGEVLM_MINICPMV_FULL") == "1"
@@ -156,15 +157,6 @@ def test_weight_formats(hf_dir: Path, mmproj: dict[str, Path], tmp_path: Path, w
     assert rel <= bound
 
 
-def _int8_kernel(wtype: str) -> str | None:
-    """The kernel the active table gives a tower weight when int8 products are allowed, or None
-    where this CPU has no int8 rule (the float kernel serves it then)."""
-    from edgevlm_ros import _engine
-
-    chosen = _engine.choose_matmul(wtype, "int8", 1152, 1152)
-    return None if chosen == _engine.choose_matmul(wtype, "prefill", 1152, 1152) else str(chosen)
-
-
 # vision_int8: the tower's matrices on int8 products (weights requantized to int8 blocks at load,
 # activations to int8 blocks of 32) against our F32 features of the same slice. Measured 2026-12-06
 # (Zen 4 guest, avx512vnni_q8act_gemm_ymm, 2 layers): F16 tower 2.6e-2 worst per token (float products
@@ -186,7 +178,7 @@ def test_int8_products(hf_dir: Path, mmproj: dict[str, Path], tmp_path: Path,
     floats = plain.encode_slice(slices[0])
     int8 = _engine.VisionModel(_engine.GGUFFile(str(f16)), THREADS, int8=True)
     assert int8.config["int8"] and not plain.config["int8"]
-    kernel = _int8_kernel("F16")
+    kernel = int8_kernel("F16")
     if kernel is None:
         assert int8.variants() == plain.variants()
         assert np.array_equal(int8.encode_slice(slices[0]), floats)

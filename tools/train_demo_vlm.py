@@ -1158,7 +1158,8 @@ def load_mmproj(vs: VisionSide, path: Path) -> None:
         elif name in (POS_NAME, PROJ_NAME):  # another tile geometry: as `retiled` reads it
             shape = (-1, WIDTH) if name == POS_NAME else (int(want[name].shape[0]), -1)
         else:
-            raise ValueError(f"{path}: {t.name} holds {data.size} values, the tower wants {tuple(want[name].shape)}")
+            wanted = tuple(want[name].shape) if name in want else "no such tensor"
+            raise ValueError(f"{path}: {t.name} holds {data.size} values, the tower wants {wanted}")
         got[name] = torch.from_numpy(data.reshape(shape).copy())
     missing = sorted(set(want) - set(got))
     if missing:
@@ -1513,8 +1514,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                count: str = "frames") -> None:
         """Writes the stage's record. `earlier`: the record of the run this one continued, kept as
         continued_from; the count (`count`: frames or scenes) and the wall time then cover all runs
-        (an earlier record's own wall_seconds already covers the runs before it)."""
+        (an earlier record's own wall_seconds already covers the runs before it). A record's
+        started_from notes weights carried over from another tile geometry."""
         rec["command"] = command(argv)
+        if vs.retiled_from and "started_from" in rec:
+            rec["started_from"] += f", carried over from tile {vs.retiled_from} (retiled)"
         rec["wall_seconds"] = round(time.time() - t0, 1)
         if earlier is not None:
             rec["continued_from"] = earlier
@@ -1577,8 +1581,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    f"the tower of {args.regress_from_mmproj.name}" if args.regress_from_mmproj
                                    else f"a fresh tower (--pos-init {args.pos_init})" if args.regress_from_scratch
                                    else "stage1.pt")
-            if vs.retiled_from:
-                rec["started_from"] += f", carried over from tile {vs.retiled_from} (retiled)"
             torch.save(vs.state_dict(), args.work / "regress.pt")
             finish(stage, rec, t0, earlier)
         elif stage == "caption":
@@ -1592,8 +1594,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  first=(earlier or {}).get("next_frame", 0),
                                  first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST))
             rec["started_from"] = latest.name
-            if vs.retiled_from:
-                rec["started_from"] += f", carried over from tile {vs.retiled_from} (retiled)"
             torch.save(vs.state_dict(), args.work / "caption.pt")
             finish(stage, rec, t0, earlier)
         elif stage == "eval":
