@@ -82,7 +82,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ from edgevlm_ros.demo.demo_model import (  # noqa: E402
     ensure_demo_text_model,
 )
 from edgevlm_ros.demo.eval_world import EVAL_SEED, EVAL_SETS, eval_scenes  # noqa: E402
-from edgevlm_ros.demo.scenes import NO_OBJECTS, POSITIONS, Scene, generate_scene, parse_caption, score  # noqa: E402
+from edgevlm_ros.demo.scenes import NO_OBJECTS, POSITIONS, Scene, generate_scene, mentions, parse_caption, score  # noqa: E402
 from edgevlm_ros.engine.chat_template import render_chat  # noqa: E402
 from edgevlm_ros.engine.preprocess import IMAGE_TOKEN, PreprocessConfig, expand_image_prompt, preprocess  # noqa: E402
 from edgevlm_ros.engine.tokenizer import Tokenizer  # noqa: E402
@@ -976,17 +976,32 @@ def caption_batch(tok: Tokenizer, scenes: Sequence[Scene]) -> tuple[Any, Any]:
     return tgt, inp
 
 
-def empty_frames(seed: int, first: int, count: int) -> list[int]:
-    """The numbers of the first `count` frames of stream `seed`, from `first` on, that hold no known
-    object (~8% of a stream; the scene's layout is drawn before its size matters, so a 64x48 scan
-    finds them at ~1 ms a frame; test_demo_model.py checks them at their training sizes)."""
+def frames_where(seed: int, first: int, count: int, keep: Callable[[Scene], bool]) -> list[int]:
+    """The numbers of the first `count` frames of stream `seed`, from `first` on, whose scene `keep`
+    accepts. The scene's layout is drawn before its size matters, so a 64x48 scan finds them at ~1 ms
+    a frame (test_demo_model.py checks that at their training sizes)."""
     out: list[int] = []
     i = first
     while len(out) < count:
-        if not generate_scene(seed, i, 64, 48).objects:
+        if keep(generate_scene(seed, i, 64, 48)):
             out.append(i)
         i += 1
     return out
+
+
+def empty_frames(seed: int, first: int, count: int) -> list[int]:
+    """Frames that hold no known object (~8% of a stream)."""
+    return frames_where(seed, first, count, lambda s: not s.objects)
+
+
+def has_count(scene: Scene) -> bool:
+    """Two or more alike objects in one third: the caption says a count ("Two large red squares on
+    the left."; ~25% of a stream)."""
+    return any(n > 1 for n, _ in mentions(scene.objects))
+
+
+def count_frames(seed: int, first: int, count: int) -> list[int]:
+    return frames_where(seed, first, count, has_count)
 
 
 def caption_monitor(seed: int, cfg: PreprocessConfig, frames: int = 64, empty: int = 16
@@ -1022,16 +1037,18 @@ def caption_scores(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompt: Prompt,
 
 
 # The caption stage's frames without objects come from stream seed + 1 from this frame number on,
-# apart from its other frames (which start at 0).
+# apart from its other frames (which start at 0); its frames with a count from COUNT_FRAMES_FIRST on.
 EMPTY_FRAMES_FIRST = 1 << 24
+COUNT_FRAMES_FIRST = 1 << 25
 
 
 def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[Prompt], args: argparse.Namespace,
-                   cfg: PreprocessConfig, deadline: float, first: int = 0, first_empty: int = EMPTY_FRAMES_FIRST
-                   ) -> dict[str, Any]:
+                   cfg: PreprocessConfig, deadline: float, first: int = 0, first_empty: int = EMPTY_FRAMES_FIRST,
+                   first_count: int = COUNT_FRAMES_FIRST) -> dict[str, Any]:
     """Connector, post-layernorm and the top encoder layers fine-tuned through the frozen decoder on
     teacher-forced captions of new frames of stream seed + 1 (each seen once; frames `first`, first + 1,
-    ...), every --caption-empty-every-th frame one without objects (those from `first_empty` on);
+    ...), every --caption-empty-every-th frame one without objects (those from `first_empty` on) and
+    every --caption-count-every-th one with two or more alike objects in a third (from `first_count` on);
     scored before and after on a fixed held-out set (stream seed + 2)."""
     import torch
 
@@ -1054,19 +1071,25 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
     hist: list[tuple[float, float]] = []
     step = 0
     n_empty = args.batch2 // args.caption_empty_every if args.caption_empty_every else 0
-    n_plain = args.batch2 - n_empty
+    n_count = args.batch2 // args.caption_count_every if args.caption_count_every else 0
+    n_plain = args.batch2 - n_empty - n_count
+    if n_plain < 0:
+        raise SystemExit("caption stage: --caption-empty-every and --caption-count-every leave no room in the batch")
     pool = FramePool(args.seed + 1, 1 << 30, cfg, first=first)  # every frame once
     empty_ids = empty_frames(args.seed + 1, first_empty, n_empty * args.steps2)
     empties = FramePool(args.seed + 1, 1 << 30, cfg, indices=empty_ids) if n_empty else None
+    count_ids = count_frames(args.seed + 1, first_count, n_count * args.steps2)
+    counted = FramePool(args.seed + 1, 1 << 30, cfg, indices=count_ids) if n_count else None
     for step in range(args.steps2):
         if time.time() > deadline:
             log.warning("caption stage: time budget reached after %d steps", step)
             break
         prompt = prompts[step % len(prompts)]
         scenes, px = pool.batch(step * n_plain, n_plain)
-        if empties is not None:
-            e_scenes, e_px = empties.batch(step * n_empty, n_empty)
-            scenes, px = scenes + e_scenes, torch.cat([px, e_px])
+        for extra, n_extra in ((empties, n_empty), (counted, n_count)):
+            if extra is not None:
+                e_scenes, e_px = extra.batch(step * n_extra, n_extra)
+                scenes, px = scenes + e_scenes, torch.cat([px, e_px])
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps2, args.lr2, 10)
         loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, vs(px), scenes)
@@ -1090,6 +1113,9 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
             "pool_first_frame": first, "next_frame": first + n_done * n_plain,
             "next_empty_frame": empty_ids[n_done * n_empty] if n_done * n_empty < len(empty_ids) else (
                 empty_ids[-1] + 1 if empty_ids else first_empty),
+            "frames_with_a_count_added": n_done * n_count,
+            "next_count_frame": count_ids[n_done * n_count] if n_done * n_count < len(count_ids) else (
+                count_ids[-1] + 1 if count_ids else first_count),
             "seconds": round(time.time() - t0, 1), "lr": args.lr2,
             "trained": f"connector, post_layernorm, last {args.train_layers} encoder layer(s)"
                        + (", patch embedding" if args.train_patch_embedding else ""),
@@ -1394,6 +1420,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="caption stage: the patch embedding trains too (the position embeddings stay fixed)")
     p.add_argument("--caption-empty-every", type=int, default=0,
                    help="caption stage: every n-th frame of a batch is one without objects (0: as the world draws)")
+    p.add_argument("--caption-count-every", type=int, default=0,
+                   help="caption stage: every n-th frame of a batch is one with two or more alike objects in a third "
+                        "(a count in its caption; 0: as the world draws, ~1 in 4)")
     p.add_argument("--caption-monitor-every", type=int, default=50,
                    help="caption stage: held-out teacher-forced scores every n steps (0: before and after only)")
     p.add_argument("--minutes2", type=float, default=15.0)
@@ -1592,7 +1621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             earlier = _stage_record(args.work, "caption") if latest.name == "caption.pt" else None
             rec = train_captions(vs, dec, tok, prompts, args, cfg, time.time() + 60 * args.minutes2,
                                  first=(earlier or {}).get("next_frame", 0),
-                                 first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST))
+                                 first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST),
+                                 first_count=(earlier or {}).get("next_count_frame", COUNT_FRAMES_FIRST))
             rec["started_from"] = latest.name
             torch.save(vs.state_dict(), args.work / "caption.pt")
             finish(stage, rec, t0, earlier)

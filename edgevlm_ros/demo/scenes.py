@@ -463,7 +463,7 @@ def render_scene(scene: Scene) -> np.ndarray:
 # -- captions ---------------------------------------------------------------------------------------
 
 
-def _mentions(objects: Sequence[SceneObject]) -> list[tuple[int, SceneObject]]:
+def mentions(objects: Sequence[SceneObject]) -> list[tuple[int, SceneObject]]:
     """(count, representative) per (shape, colour, position), left to right, then top to bottom."""
     groups: dict[tuple[str, str, str], list[SceneObject]] = {}
     for o in objects:
@@ -477,7 +477,7 @@ def caption_for(objects: Sequence[SceneObject]) -> str:
     if not objects:
         return NO_OBJECTS
     parts = []
-    for count, o in _mentions(objects):
+    for count, o in mentions(objects):
         noun = o.shape + ("s" if count > 1 else "")
         parts.append(f"{_COUNT_WORD[count]} {o.size} {o.colour} {noun} {_POSITION_PHRASE[o.position]}")
     text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
