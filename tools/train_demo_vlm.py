@@ -40,7 +40,8 @@ may run beside "keywords"):
 4. caption (--steps2 > 0): connector, post-layernorm and the top --train-layers layers of the tower
    (and with --train-patch-embedding its patch embedding)
    fine-tuned through the frozen decoder on teacher-forced captions of new frames (stream seed + 1,
-   each seen once; every --caption-empty-every-th one without objects). The regress targets are the
+   each seen once; every --caption-empty-every-th one without objects, every --caption-count-every-th
+   one with two or more alike objects in a third). The regress targets are the
    nearest-keyword picture of what the decoder needs; this stage corrects what lies between them:
    a slot's output a quarter of the way from "No" to "." is the nearest keyword's, but the decoder
    does not read it so. A run from caption.pt continues the saved one on the frames after it.
