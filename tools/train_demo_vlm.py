@@ -1005,6 +1005,11 @@ def count_frames(seed: int, first: int, count: int) -> list[int]:
     return frames_where(seed, first, count, has_count)
 
 
+def next_frame(ids: Sequence[int], used: int, first: int) -> int:
+    """Where a later run's scan continues after `used` of the frames `ids` (found from `first` on)."""
+    return ids[used] if used < len(ids) else (ids[-1] + 1 if ids else first)
+
+
 def caption_monitor(seed: int, cfg: PreprocessConfig, frames: int = 64, empty: int = 16
                     ) -> tuple[list[Scene], Any]:
     """The caption stage's fixed held-out frames: the first `frames` of stream `seed` (the monitor
@@ -1112,11 +1117,9 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
     n_done = len(hist)
     return {"steps": n_done, "frames": n_done * args.batch2, "frames_without_objects": n_done * n_empty,
             "pool_first_frame": first, "next_frame": first + n_done * n_plain,
-            "next_empty_frame": empty_ids[n_done * n_empty] if n_done * n_empty < len(empty_ids) else (
-                empty_ids[-1] + 1 if empty_ids else first_empty),
+            "next_empty_frame": next_frame(empty_ids, n_done * n_empty, first_empty),
             "frames_with_a_count_added": n_done * n_count,
-            "next_count_frame": count_ids[n_done * n_count] if n_done * n_count < len(count_ids) else (
-                count_ids[-1] + 1 if count_ids else first_count),
+            "next_count_frame": next_frame(count_ids, n_done * n_count, first_count),
             "seconds": round(time.time() - t0, 1), "lr": args.lr2,
             "trained": f"connector, post_layernorm, last {args.train_layers} encoder layer(s)"
                        + (", patch embedding" if args.train_patch_embedding else ""),
