@@ -742,19 +742,36 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     step = 0
     acc_hist: list[float] = []
     dense_shape_hist: list[float] = []  # per-patch shape accuracy on object patches (the aux head)
+    # The regress stage may take every n-th frame of a batch from frames with two or more alike large
+    # objects in one third (--regress-pair-every), the frames its count slots miss most.
+    n_pair = args.batch1 // args.regress_pair_every if name == "regress" and args.regress_pair_every > 0 else 0
+    n_main = args.batch1 - n_pair
     pool = FramePool(args.seed, args.pool1, cfg, labels=True, first=args.pool1_first)
     flips = np.random.default_rng([args.seed, args.pool1_first, 0xF11B])
-    pool.fill(min(args.pool1, steps * args.batch1), args.draw_workers)
+    pool.fill(min(args.pool1, steps * n_main), args.draw_workers)
+    pairs: FramePool | None = None
+    if n_pair:
+        size = min(max(args.pool1 // args.regress_pair_every, 1), steps * n_pair)
+        pairs = FramePool(args.seed, size, cfg, labels=True,
+                          indices=large_pair_frames(args.seed, args.pair_first, size))
+        pairs.fill(size, args.draw_workers)
     # Per-slot weights of the slot loss: the shape slots (4th of each group) can count more.
     slot_weight = torch.ones(N_IMAGE_TOKENS)
     slot_weight[[5 * g + 3 for g in range(len(POSITIONS))]] = args.shape_weight
+    slot_weight[[5 * g for g in range(len(POSITIONS))]] = args.count_weight
     slot_weight[N_IMAGE_TOKENS - 1] = args.end_weight  # the object / no-object decision
     slot_weight = slot_weight.repeat(args.batch1) / slot_weight.mean()
     for step in range(steps):
         if time.time() > deadline:
             log.warning("%s: time budget reached after %d steps", name, step)
             break
-        scenes, px = pool.batch(step * args.batch1, args.batch1)
+        scenes, px = pool.batch(step * n_main, n_main)
+        if pairs is not None:
+            p_scenes, p_px = pairs.batch(step * n_pair, n_pair)
+            assert pool.last_labels is not None and pairs.last_labels is not None
+            pool.last_labels = tuple(torch.cat([a, b]) for a, b in zip(pool.last_labels, pairs.last_labels,
+                                                                          strict=True))
+            scenes, px = scenes + p_scenes, torch.cat([px, p_px])
         if args.flip:
             assert pool.last_labels is not None
             scenes, px, pool.last_labels = flip_batch(scenes, px, pool.last_labels, flips)
@@ -827,7 +844,11 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
             "held_out_relative_mse": round(held_mse, 4), "steps": len(acc_hist), "frames": len(acc_hist) * args.batch1,
             "distinct_frames": min(args.pool1, len(acc_hist) * args.batch1),
             "pool_first_frame": args.pool1_first, "seconds": round(time.time() - t0, 1),
-            "final_slot_accuracy_train_avg20": round(float(np.mean(acc_hist[-20:])), 4) if acc_hist else None}
+            "final_slot_accuracy_train_avg20": round(float(np.mean(acc_hist[-20:])), 4) if acc_hist else None,
+            **({"frames_with_a_large_pair_added": n_pair * len(acc_hist),
+                "distinct_large_pair_frames": pairs.size, "large_pair_first_frame": args.pair_first,
+                "next_large_pair_frame": next_frame(pairs.indices or [], pairs.size, args.pair_first)}
+               if pairs is not None else {})}
 
 
 def train_prompt(soft: SoftPrompt, dec: Decoder, tok: Tokenizer, kw: Keywords, prompt: Prompt,
@@ -1003,6 +1024,16 @@ def has_count(scene: Scene) -> bool:
 
 def count_frames(seed: int, first: int, count: int) -> list[int]:
     return frames_where(seed, first, count, has_count)
+
+
+def has_large_pair(scene: Scene) -> bool:
+    """Two or more alike large objects in one third (~5% of a stream): where they overlap, the
+    count slot has to tell two from one large object."""
+    return any(n > 1 and o.size == "large" for n, o in mentions(scene.objects))
+
+
+def large_pair_frames(seed: int, first: int, count: int) -> list[int]:
+    return frames_where(seed, first, count, has_large_pair)
 
 
 def next_frame(ids: Sequence[int], used: int, first: int) -> int:
@@ -1405,6 +1436,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="vision stages: mirror frames left-right / upside down at random (four frames per drawn one)")
     p.add_argument("--dense-weight", type=float, default=0.5, help="weight of the per-patch colour/shape loss")
     p.add_argument("--shape-weight", type=float, default=1.0, help="weight of the shape slots in the slot loss")
+    p.add_argument("--count-weight", type=float, default=1.0, help="weight of the count slots in the slot loss")
+    p.add_argument("--regress-pair-every", type=int, default=0,
+                   help="regress stage: every n-th frame of a batch is one with two or more alike large objects in "
+                        "one third (0: as the world draws, ~1 in 20)")
+    p.add_argument("--pair-first", type=int, default=1 << 25,
+                   help="regress stage: the scan for --regress-pair-every's frames starts at this frame of the "
+                        "training stream (a further run continues at the record's next_large_pair_frame)")
     p.add_argument("--end-weight", type=float, default=1.0,
                    help="weight of the end slot (object / no-object decision) in the slot loss")
     p.add_argument("--continue-regress", action="store_true",
