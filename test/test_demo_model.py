@@ -389,6 +389,34 @@ def test_training_targets_give_frames_without_objects_their_own_end_word(demo_te
         soft.load({**saved, "vocab": [*older[:-1], VOCAB_SIZE - 1]})
 
 
+def test_caption_stage_count_slot_loss(demo_text: Path) -> None:
+    """--caption-count-slot-weight's loss: ~0 where each count slot holds its own count word's target,
+    large where a third holding one object gets the target of a count word it does not have, and the
+    count slots of thirds without objects do not count."""
+    import torch
+
+    from edgevlm_ros import _engine
+    from edgevlm_ros.demo.demo_model import VOCAB_SIZE
+    from edgevlm_ros.engine.tokenizer import Tokenizer
+
+    tool = _training_tool()
+    kw = tool.Keywords(Tokenizer.from_gguf_metadata(_engine.GGUFFile(str(demo_text)).metadata()))
+    soft = tool.SoftPrompt(torch.randn(VOCAB_SIZE, tool.TEXT_WIDTH), kw)
+    scene = next(s for s in (generate_scene(7, i) for i in range(400)) if len(s.objects) == 1)
+    slots = torch.tensor([kw.slots(scene)])
+    image = soft(slots)
+    assert float(tool.count_slot_loss(image, [scene], soft, kw)) < 1e-3
+    used = next(5 * g for g in range(3) if int(slots[0, 5 * g]) != kw.pad)
+    unused = next(5 * g for g in range(3) if int(slots[0, 5 * g]) == kw.pad)
+    other = next(t for t in kw.count.values() if t != int(slots[0, used]))
+    wrong = slots.clone()
+    wrong[0, used] = other
+    assert float(tool.count_slot_loss(soft(wrong), [scene], soft, kw)) > 1.0
+    wrong = slots.clone()
+    wrong[0, unused] = other
+    assert float(tool.count_slot_loss(soft(wrong), [scene], soft, kw)) < 1e-3
+
+
 # -- the committed model on held-out frames ----------------------------------------------------------
 
 

@@ -983,6 +983,22 @@ def caption_loss(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scene
     return loss, tok_acc, seq_acc
 
 
+def count_slot_loss(image: Any, scenes: Sequence[Scene], soft: SoftPrompt, kw: Keywords) -> Any:
+    """The regress stage's slot cross-entropy (nearest target wins) on the count slots of the thirds
+    that hold an object."""
+    import torch
+
+    with torch.no_grad():
+        cand = soft.candidates()  # (16, K, 576)
+    tgt = torch.tensor([kw.slots(s) for s in scenes])
+    cols = [5 * g for g in range(len(POSITIONS))]
+    logits = -(image[:, cols].unsqueeze(-2) - cand[cols]).pow(2).sum(-1)  # (B, 3, K)
+    want = soft.index[tgt[:, cols]]
+    used = tgt[:, cols] != kw.pad
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), want.reshape(-1), reduction="none")
+    return (ce * used.reshape(-1)).sum() / used.sum().clamp(min=1)
+
+
 def caption_batch(tok: Tokenizer, scenes: Sequence[Scene]) -> tuple[Any, Any]:
     """(targets (B, L) padded with -100, input ids (B, L) padded with <|im_end|>) for caption + <|im_end|>."""
     import torch
@@ -1081,12 +1097,15 @@ COUNT_FRAMES_FIRST = 1 << 25
 
 def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[Prompt], args: argparse.Namespace,
                    cfg: PreprocessConfig, deadline: float, first: int = 0, first_empty: int = EMPTY_FRAMES_FIRST,
-                   first_count: int = COUNT_FRAMES_FIRST) -> dict[str, Any]:
+                   first_count: int = COUNT_FRAMES_FIRST, slots: tuple[SoftPrompt, Keywords] | None = None
+                   ) -> dict[str, Any]:
     """Connector, post-layernorm and the top encoder layers fine-tuned through the frozen decoder on
     teacher-forced captions of new frames of stream seed + 1 (each seen once; frames `first`, first + 1,
     ...), every --caption-empty-every-th frame one without objects (those from `first_empty` on) and
     every --caption-count-every-th one with two or more alike objects in a third (from `first_count` on);
-    scored before and after on a fixed held-out set (stream seed + 2)."""
+    scored before and after on a fixed held-out set (stream seed + 2). With `slots` (the regress
+    stage's targets) and --caption-count-slot-weight, the count slots keep the regress stage's loss
+    too: each stays nearest its count word's target, wherever the captions move it within that."""
     import torch
 
     trainable: list[Any] = [*vs.connector.parameters(), *vs.vision.post_layernorm.parameters()]
@@ -1129,7 +1148,10 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
                 scenes, px = scenes + e_scenes, torch.cat([px, e_px])
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps2, args.lr2, 10)
-        loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, vs(px), scenes)
+        image = vs(px)
+        loss, tok_acc, seq_acc = caption_loss(dec, tok, prompt, image, scenes)
+        if slots is not None and args.caption_count_slot_weight > 0:
+            loss = loss + args.caption_count_slot_weight * count_slot_loss(image, scenes, *slots)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -1465,6 +1487,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--caption-count-every", type=int, default=0,
                    help="caption stage: every n-th frame of a batch is one with two or more alike objects in a third "
                         "(a count in its caption; 0: as the world draws, ~1 in 4)")
+    p.add_argument("--caption-count-slot-weight", type=float, default=0.0,
+                   help="caption stage: weight of the regress stage's loss on the count slots, kept beside the "
+                        "caption loss (0: captions only)")
     p.add_argument("--caption-monitor-every", type=int, default=50,
                    help="caption stage: held-out teacher-forced scores every n steps (0: before and after only)")
     p.add_argument("--minutes2", type=float, default=15.0)
@@ -1661,7 +1686,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             vs.load_state_dict(torch.load(latest))
             # From caption.pt: another run of this stage, after the saved one.
             earlier = _stage_record(args.work, "caption") if latest.name == "caption.pt" else None
+            if args.caption_count_slot_weight > 0 and soft.load(saved_prompt(args.work)):
+                raise SystemExit("caption: the saved soft prompt predates the keyword vocabulary")
             rec = train_captions(vs, dec, tok, prompts, args, cfg, time.time() + 60 * args.minutes2,
+                                 slots=(soft, kw) if args.caption_count_slot_weight > 0 else None,
                                  first=(earlier or {}).get("next_frame", 0),
                                  first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST),
                                  first_count=(earlier or {}).get("next_count_frame", COUNT_FRAMES_FIRST))
