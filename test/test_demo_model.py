@@ -504,27 +504,33 @@ def test_a_tower_carries_over_to_another_tile() -> None:
 
 
 def test_the_committed_mmproj_loads_into_another_tile() -> None:
-    """`load_mmproj` of the committed 128 px file into a 192/16/3 tower gives what `retiled` makes of
-    the same file loaded at 128 px (the regress stage starts a larger tile from the shipped model)."""
+    """`load_mmproj` of the committed file into a tower of the other tile (128/16/2 or 192/16/3)
+    gives what `retiled` makes of the same file loaded at its own tile (a regress stage may start
+    another tile from the shipped model)."""
     import torch
 
-    from edgevlm_ros.demo.demo_model import DEMO_MMPROJ_PATH
+    from edgevlm_ros.demo.demo_model import DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
 
     T = _training_tool()
-    small = T.VisionSide(T.idefics3_config(), 0)
-    T.load_mmproj(small, DEMO_MMPROJ_PATH)
+    vision = json.loads(DEMO_RECORD_PATH.read_text())["vision"]
+    own = (vision["image_size"], vision["patch_size"], vision["scale_factor"])
+    other = (192, 16, 3) if own == (128, 16, 2) else (128, 16, 2)
+    default = (T.IMAGE_SIZE, T.PATCH_SIZE, T.SCALE)
     try:
-        T.set_tile(192, 16, 3)
-        big = T.VisionSide(T.idefics3_config(), 1)
-        T.load_mmproj(big, DEMO_MMPROJ_PATH)
-        assert big.retiled_from == "128/16/2"
-        want = T.retiled(small.state_dict())
-        got = big.state_dict()
+        T.set_tile(*own)
+        at_own = T.VisionSide(T.idefics3_config(), 0)
+        T.load_mmproj(at_own, DEMO_MMPROJ_PATH)
+        T.set_tile(*other)
+        moved = T.VisionSide(T.idefics3_config(), 1)
+        T.load_mmproj(moved, DEMO_MMPROJ_PATH)
+        assert moved.retiled_from == "/".join(map(str, own))
+        want = T.retiled(at_own.state_dict())
+        got = moved.state_dict()
         assert sorted(got) == sorted(want)
         for name, w in want.items():
             assert torch.equal(got[name], w), name
     finally:
-        T.set_tile(128, 16, 2)
+        T.set_tile(*default)
 
 
 def test_record_matches_the_committed_mmproj(demo_vlm: Any) -> None:
