@@ -503,6 +503,22 @@ def test_a_tower_carries_over_to_another_tile() -> None:
         T.set_tile(*old)
 
 
+def test_a_later_stage_keeps_the_tile_of_the_saved_weights(tmp_path: Path) -> None:
+    """Without --tile, a stage that goes on from weights saved in --work works at their tile (a
+    192 px run's caption or eval stage must not carry them over to the default 128 px)."""
+    import torch
+
+    T = _training_tool()
+    assert T.work_tile(tmp_path) is None
+    default = (T.IMAGE_SIZE, T.PATCH_SIZE, T.SCALE)
+    try:
+        T.set_tile(192, 16, 3)
+        torch.save(T.VisionSide(T.idefics3_config(), 0).state_dict(), tmp_path / "regress.pt")
+    finally:
+        T.set_tile(*default)
+    assert T.work_tile(tmp_path) == (192, 16, 3)
+
+
 def test_the_committed_mmproj_loads_into_another_tile() -> None:
     """`load_mmproj` of the committed file into a tower of the other tile (128/16/2 or 192/16/3)
     gives what `retiled` makes of the same file loaded at its own tile (a regress stage may start

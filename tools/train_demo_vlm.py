@@ -1577,6 +1577,15 @@ def _latest_vision(work: Path) -> Path | None:
     return None
 
 
+def work_tile(work: Path) -> tuple[int, int, int] | None:
+    """The tile geometry of the latest vision weights saved in `work` (None: none saved), so that a
+    later stage without --tile goes on at that tile instead of carrying the weights over to the default."""
+    import torch
+
+    latest = _latest_vision(work)
+    return tile_of(torch.load(latest)) if latest is not None else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
@@ -1589,6 +1598,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_tile(*(int(v) for v in args.tile.split("/")))
         except (TypeError, ValueError) as e:
             raise SystemExit(f"--tile {args.tile}: {e}") from None
+    elif (saved := work_tile(args.work)) is not None:
+        set_tile(*saved)
+        log.info("tile %d/%d/%d: the geometry of the weights in %s (--tile to carry them over to another)",
+                 *saved, args.work)
 
     text_gguf = ensure_demo_text_model()
     from edgevlm_ros import _engine
