@@ -505,18 +505,27 @@ def test_a_tower_carries_over_to_another_tile() -> None:
 
 def test_a_later_stage_keeps_the_tile_of_the_saved_weights(tmp_path: Path) -> None:
     """Without --tile, a stage that goes on from weights saved in --work works at their tile (a
-    192 px run's caption or eval stage must not carry them over to the default 128 px)."""
+    192 px run's caption or eval stage must not carry them over to the default 128 px); a stage that
+    starts from a fresh tower or an mmproj file keeps the default."""
     import torch
 
     T = _training_tool()
-    assert T.work_tile(tmp_path) is None
+
+    def tile(*argv: str) -> Any:
+        return T.work_tile(T.parse_args([*argv, "--work", str(tmp_path)]))
+
+    assert tile("--stages", "caption") is None
     default = (T.IMAGE_SIZE, T.PATCH_SIZE, T.SCALE)
     try:
         T.set_tile(192, 16, 3)
         torch.save(T.VisionSide(T.idefics3_config(), 0).state_dict(), tmp_path / "regress.pt")
     finally:
         T.set_tile(*default)
-    assert T.work_tile(tmp_path) == (192, 16, 3)
+    assert tile("--stages", "caption") == tile("--stages", "prompt,eval") == (192, 16, 3)
+    assert tile("--stages", "regress", "--continue-regress") == (192, 16, 3)
+    assert tile("--stages", "regress", "--regress-from-mmproj", "x.gguf") is None
+    assert tile("--stages", "regress", "--regress-from-scratch") is None
+    assert tile("--stages", "keywords,regress,caption") is None
 
 
 def test_the_committed_mmproj_loads_into_another_tile() -> None:

@@ -221,6 +221,13 @@ def set_tile(image_size: int, patch_size: int, scale: int) -> None:
 
 
 SLOT_GROUPS = [list(range(5 * g, 5 * g + 5)) for g in range(len(POSITIONS))]  # tokens of each third's mention
+COUNT_SLOTS = [group[0] for group in SLOT_GROUPS]  # the count word of each third's mention
+
+
+def nearest_target_logits(out: Any, cand: Any) -> Any:
+    """Slot logits of tower outputs (..., 576) against targets (..., K, 576): nearest target wins,
+    the logits are minus squared distances (consistent with the regress stage's MSE)."""
+    return -(out.unsqueeze(-2) - cand).pow(2).sum(-1)
 
 
 def routing_target(scene: Scene, obj: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -734,8 +741,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
         scale = float(cand.pow(2).sum(-1).mean())
 
     def slot_logits(out: Any) -> Any:
-        # Nearest target wins: logits are minus squared distances (consistent with the MSE).
-        return -(out.unsqueeze(-2) - cand).pow(2).sum(-1)
+        return nearest_target_logits(out, cand)
 
     vs.train()
     t0 = time.time()
@@ -758,7 +764,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     # Per-slot weights of the slot loss: the shape slots (4th of each group) can count more.
     slot_weight = torch.ones(N_IMAGE_TOKENS)
     slot_weight[[5 * g + 3 for g in range(len(POSITIONS))]] = args.shape_weight
-    slot_weight[[5 * g for g in range(len(POSITIONS))]] = args.count_weight
+    slot_weight[COUNT_SLOTS] = args.count_weight
     slot_weight[N_IMAGE_TOKENS - 1] = args.end_weight  # the object / no-object decision
     slot_weight = slot_weight.repeat(args.batch1) / slot_weight.mean()
     for step in range(steps):
@@ -990,11 +996,10 @@ def count_slot_loss(image: Any, scenes: Sequence[Scene], soft: SoftPrompt, kw: K
 
     with torch.no_grad():
         cand = soft.candidates()  # (16, K, 576)
-    tgt = torch.tensor([kw.slots(s) for s in scenes])
-    cols = [5 * g for g in range(len(POSITIONS))]
-    logits = -(image[:, cols].unsqueeze(-2) - cand[cols]).pow(2).sum(-1)  # (B, 3, K)
-    want = soft.index[tgt[:, cols]]
-    used = tgt[:, cols] != kw.pad
+    tgt = torch.tensor([kw.slots(s) for s in scenes])[:, COUNT_SLOTS]
+    logits = nearest_target_logits(image[:, COUNT_SLOTS], cand[COUNT_SLOTS])  # (B, 3, K)
+    want = soft.index[tgt]
+    used = tgt != kw.pad
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), want.reshape(-1), reduction="none")
     return (ce * used.reshape(-1)).sum() / used.sum().clamp(min=1)
 
@@ -1577,13 +1582,29 @@ def _latest_vision(work: Path) -> Path | None:
     return None
 
 
-def work_tile(work: Path) -> tuple[int, int, int] | None:
-    """The tile geometry of the latest vision weights saved in `work` (None: none saved), so that a
+def starting_weights(args: argparse.Namespace) -> Path | None:
+    """The weights in --work that the first of the stages to load a tower starts from (None: it starts
+    from a fresh tower or an mmproj file, or none are saved)."""
+    for stage in args.stages:
+        if stage in ("caption", "eval"):
+            return _latest_vision(args.work)
+        if stage == "regress":
+            if args.regress_from_mmproj is not None or args.regress_from_scratch:
+                return None
+            path = args.work / ("regress.pt" if args.continue_regress else "stage1.pt")
+            return path if path.exists() else None
+        if stage in ("keywords", "recover-prompt"):
+            return None
+    return None
+
+
+def work_tile(args: argparse.Namespace) -> tuple[int, int, int] | None:
+    """The tile geometry of the weights the run starts from in --work (`starting_weights`), so that a
     later stage without --tile goes on at that tile instead of carrying the weights over to the default."""
     import torch
 
-    latest = _latest_vision(work)
-    return tile_of(torch.load(latest)) if latest is not None else None
+    start = starting_weights(args)
+    return tile_of(torch.load(start)) if start is not None else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1598,7 +1619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_tile(*(int(v) for v in args.tile.split("/")))
         except (TypeError, ValueError) as e:
             raise SystemExit(f"--tile {args.tile}: {e}") from None
-    elif (saved := work_tile(args.work)) is not None:
+    elif (saved := work_tile(args)) is not None:
         set_tile(*saved)
         log.info("tile %d/%d/%d: the geometry of the weights in %s (--tile to carry them over to another)",
                  *saved, args.work)
