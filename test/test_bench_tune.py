@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from edgevlm_ros import _engine
+from edgevlm_ros.demo.demo_model import DEMO_PROMPT
 from edgevlm_ros.engine import optable
+from edgevlm_ros.engine.vlm import DEFAULT_PROMPT
 from edgevlm_ros.tools import bench, hw_limits, tune
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +105,7 @@ def test_bench_speculation_quick(capsys):
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert set(result["streams"]) == {"drift", "independent"} and result["frames"] == 6
+    assert result["prompt"] == DEMO_PROMPT and DEMO_PROMPT in captured.err  # the node's default request
     for row in result["streams"].values():
         assert row["text_mismatches"] == 0 and row["decoded_tokens"] > 0
         assert row["plain_tokens_per_s"] > 0 and row["spec_tokens_per_s"] > 0 and row["speedup"] > 0
@@ -111,6 +114,17 @@ def test_bench_speculation_quick(capsys):
     assert "| drift |" in captured.err and "floor" in captured.err
     # The decoder's measured pass times (1..8 rows): a one-row step and at least one pass measured.
     assert len(result["pass_ms"]) == 8 and result["pass_ms"][0] > 0 and any(x > 0 for x in result["pass_ms"][1:])
+
+
+def test_bench_speculation_question(capsys):
+    """`--question` sends another request with each frame (the engine's generic one: the demo model
+    was not trained on it and answers at greater length), recorded in the JSON and the table."""
+    rc = bench.main(["--speculation", "--quick", "--frames", "2", "--json", "--question", DEFAULT_PROMPT])
+    assert rc == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["prompt"] == DEFAULT_PROMPT != DEMO_PROMPT and DEFAULT_PROMPT in captured.err
+    assert all(row["text_mismatches"] == 0 for row in result["streams"].values())
 
 
 def test_bench_kv_cache_quick(capsys):

@@ -1157,6 +1157,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         "the bandwidth floor)")
     parser.add_argument("--frames", type=positive_int, default=None,
                         help="--speculation: frames per stream (60; --quick: 6)")
+    parser.add_argument("--question", default=None,
+                        help="--speculation: the request sent with each frame (default: the node's, the one the "
+                        "demo model was trained on)")
     parser.add_argument("--kv-cache", action="store_true",
                         help="instead: decode after 1k and 4k tokens of context with each KV cache type (f32, f16, "
                         "q8_0) on --model: KV bytes per position, decode ms/token, ratio to f32, time against a "
@@ -1209,7 +1212,8 @@ def run_bench(args: argparse.Namespace) -> int:
         from .bench_speculation import format_speculation, run_speculation
 
         frames = args.frames or (6 if args.quick else 60)
-        result = run_speculation(frames, args.threads, log=lambda s: print(s, file=sys.stderr, flush=True))
+        kw = {"prompt": args.question} if args.question else {}
+        result = run_speculation(frames, args.threads, log=lambda s: print(s, file=sys.stderr, flush=True), **kw)
         table = format_speculation(result)
     elif getattr(args, "kv_cache", False):
         from ..engine.paths import resolve_model

@@ -2,12 +2,15 @@
 
 The embedded demo VLM describes N frames of a slowly changing view (`demo.drift`, 5 frames/s) and
 N independent scenes, each frame twice in alternation: plainly, and drafting from the camera's last
-three descriptions. Reported per stream: the drafts' acceptance (accepted / drafted, and the share
-of the decoded tokens that came from drafts), decode tokens/s without and with speculation and their
-ratio (the sum of each frame's decode time: the same tokens, checked), and the effective time per
-decoded token against the bandwidth floor of the text model (its weight bytes per token over the
-measured read bandwidth of a model-sized buffer, as `edgevlm bench` measures it). Speed is a ratio
-from the same run, never an assertion: these machines are shared.
+three descriptions. The request is the node's default, the one the demo model was trained on
+(`DEMO_PROMPT`; until 2026-12-07 the bench sent the engine's generic "Describe what you see.", which
+the demo model answers in rambling second sentences no node sends it by default; `--question`).
+Reported per stream: the drafts' acceptance (accepted / drafted, and the share of the decoded tokens
+that came from drafts), decode tokens/s without and with speculation and their ratio (the sum of
+each frame's decode time: the same tokens, checked), and the effective time per decoded token
+against the bandwidth floor of the text model (its weight bytes per token over the measured read
+bandwidth of a model-sized buffer, as `edgevlm bench` measures it). Speed is a ratio from the same
+run, never an assertion: these machines are shared.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..demo.demo_model import resolve_pair
+from ..demo.demo_model import DEMO_PROMPT, resolve_pair
 from ..demo.drift import DriftStream
 from ..demo.scenes import generate_scene
 from ..engine.generation import DRAFT_HISTORY
@@ -26,7 +29,7 @@ from .hw_limits import bandwidth_floors, highest_bandwidth, machine_info, measur
 __all__ = ["format_speculation", "run_speculation"]
 
 def run_speculation(frames: int = 60, threads: int = 2, seed: int = 42, max_new_tokens: int = 32,
-                    log: Callable[[str], None] = print) -> dict[str, Any]:
+                    log: Callable[[str], None] = print, prompt: str = DEMO_PROMPT) -> dict[str, Any]:
     text, mmproj = resolve_pair(None, None)
     vlm = load_vlm(text, mmproj, threads=threads)
     weight = weight_bytes_per_token(text)
@@ -36,7 +39,7 @@ def run_speculation(frames: int = 60, threads: int = 2, seed: int = 42, max_new_
     streams = {"drift": [DriftStream(seed, fps=5.0).scene(i) for i in range(frames)],
                "independent": [generate_scene(seed, i) for i in range(frames)]}
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine_info(),
-                           "threads": threads, "frames": frames, "max_new_tokens": max_new_tokens,
+                           "threads": threads, "frames": frames, "max_new_tokens": max_new_tokens, "prompt": prompt,
                            "weight_bytes_per_token": weight["total"], "floor": floors, "streams": {}}
     for name, scenes in streams.items():
         history: list[list[int]] = []
@@ -47,7 +50,7 @@ def run_speculation(frames: int = 60, threads: int = 2, seed: int = 42, max_new_
             runs = {}
             for mode in (("plain", "spec") if k % 2 == 0 else ("spec", "plain")):  # alternate the order
                 drafts = history[-DRAFT_HISTORY:] if mode == "spec" else None
-                runs[mode] = vlm.describe(image, max_new_tokens=max_new_tokens, drafts_from=drafts)
+                runs[mode] = vlm.describe(image, prompt=prompt, max_new_tokens=max_new_tokens, drafts_from=drafts)
             plain, spec = runs["plain"], runs["spec"]
             mismatches += plain.token_ids != spec.token_ids
             plain_ms += plain.timings_ms["decode"]
@@ -90,7 +93,8 @@ def format_row(name: str, r: dict[str, Any]) -> str:
 def format_speculation(result: dict[str, Any]) -> str:
     m, fl = result["machine"], result["floor"]
     lines = [f"speculation bench {result['date']}, {m.get('cpu', '?')}, {result['threads']} threads, demo VLM, "
-             f"{result['frames']} frames a stream, floor {fl['floor_ms']:.2f} ms/token "
+             f"{result['frames']} frames a stream, \"{result.get('prompt', '?')}\", "
+             f"floor {fl['floor_ms']:.2f} ms/token "
              f"({result['weight_bytes_per_token'] / 1e6:.1f} MB at {fl[fl['binds']]['gbs']:.1f} GB/s)", "",
              "| stream | decoded tokens | drafts accepted | tokens from drafts | plain tok/s | speculative tok/s | "
              "ratio | plain ms/token (x floor) | speculative ms/token (x floor) | text mismatches |",
