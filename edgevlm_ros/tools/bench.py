@@ -1212,8 +1212,8 @@ def run_bench(args: argparse.Namespace) -> int:
         from .bench_speculation import format_speculation, run_speculation
 
         frames = args.frames or (6 if args.quick else 60)
-        kw = {"prompt": args.question} if args.question else {}
-        result = run_speculation(frames, args.threads, log=lambda s: print(s, file=sys.stderr, flush=True), **kw)
+        result = run_speculation(frames, args.threads, log=lambda s: print(s, file=sys.stderr, flush=True),
+                                 prompt=args.question)
         table = format_speculation(result)
     elif getattr(args, "kv_cache", False):
         from ..engine.paths import resolve_model

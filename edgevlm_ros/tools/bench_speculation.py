@@ -29,7 +29,8 @@ from .hw_limits import bandwidth_floors, highest_bandwidth, machine_info, measur
 __all__ = ["format_speculation", "run_speculation"]
 
 def run_speculation(frames: int = 60, threads: int = 2, seed: int = 42, max_new_tokens: int = 32,
-                    log: Callable[[str], None] = print, prompt: str = DEMO_PROMPT) -> dict[str, Any]:
+                    log: Callable[[str], None] = print, prompt: str | None = None) -> dict[str, Any]:
+    prompt = prompt or DEMO_PROMPT
     text, mmproj = resolve_pair(None, None)
     vlm = load_vlm(text, mmproj, threads=threads)
     weight = weight_bytes_per_token(text)
@@ -93,7 +94,7 @@ def format_row(name: str, r: dict[str, Any]) -> str:
 def format_speculation(result: dict[str, Any]) -> str:
     m, fl = result["machine"], result["floor"]
     lines = [f"speculation bench {result['date']}, {m.get('cpu', '?')}, {result['threads']} threads, demo VLM, "
-             f"{result['frames']} frames a stream, \"{result.get('prompt', '?')}\", "
+             f"{result['frames']} frames a stream, \"{result['prompt']}\", "
              f"floor {fl['floor_ms']:.2f} ms/token "
              f"({result['weight_bytes_per_token'] / 1e6:.1f} MB at {fl[fl['binds']]['gbs']:.1f} GB/s)", "",
              "| stream | decoded tokens | drafts accepted | tokens from drafts | plain tok/s | speculative tok/s | "
