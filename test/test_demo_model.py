@@ -417,6 +417,45 @@ def test_caption_stage_count_slot_loss(demo_text: Path) -> None:
     assert float(tool.count_slot_loss(soft(wrong), [scene], soft, kw)) < 1e-3
 
 
+def test_average_stage_means_caption_runs_from_one_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--stages average: the mean of caption runs' weights, refused unless they share their regress
+    start; its record lists every run once (a continued run's first run shared by two folders is one
+    run), sums the distinct runs and starts the next caption run after the frames any of them used."""
+    import torch
+
+    tool = _training_tool()
+    regress = {"command": "regress", "frames": 100}
+
+    def run(name: str, k: float, rec: dict[str, Any]) -> Path:
+        w = tmp_path / name
+        w.mkdir()
+        torch.save({"w": torch.full((2, 3), k), "steps_seen": torch.tensor(7)}, w / "caption.pt")
+        (w / "caption.json").write_text(json.dumps(rec))
+        (w / "regress.json").write_text(json.dumps(regress))
+        return w
+
+    first = {"command": "caption a", "steps": 10, "frames": 160, "wall_seconds": 50.0, "next_frame": 120,
+             "next_empty_frame": 5, "next_count_frame": 9}
+    later = {"command": "caption a then b", "steps": 20, "frames": 480, "wall_seconds": 150.0,
+             "wall_seconds_earlier_runs": 50.0, "continued_from": first, "next_frame": 360,
+             "next_empty_frame": 8, "next_count_frame": 11}
+    other = {**first, "command": "caption c", "wall_seconds": 60.0, "next_count_frame": 30}
+    works = [run("a", 1.0, first), run("ab", 2.0, later), run("c", 6.0, other)]
+    mean, rec = tool.average_caption_runs(works)
+    assert torch.allclose(mean["w"], torch.full((2, 3), 3.0)) and int(mean["steps_seen"]) == 7
+    assert rec["distinct_runs"] == 3 and rec["steps"] == 40 and rec["frames"] == 640
+    assert rec["wall_seconds_earlier_runs"] == 210.0
+    assert (rec["next_frame"], rec["next_empty_frame"], rec["next_count_frame"]) == (360, 8, 30)
+    rec["command"] = "average"
+    assert tool._commands(rec) == ["caption a", "caption a then b", "caption c", "average"]
+    (works[2] / "regress.json").write_text(json.dumps({**regress, "frames": 101}))
+    with pytest.raises(SystemExit, match="same regress weights"):
+        tool.average_caption_runs(works)
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--stages", "average,eval", "--average-of", str(works[0])])
+    assert "two or more work folders in --average-of" in capsys.readouterr().err
+
+
 # -- the committed model on held-out frames ----------------------------------------------------------
 
 

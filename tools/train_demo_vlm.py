@@ -1186,6 +1186,47 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
             "final_caption_exact_train_avg20": round(float(np.mean([q for _, q in last])), 4) if last else None}
 
 
+def _runs(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The single runs behind a caption-stage record, the first first: each without its earlier runs,
+    with its own frames and wall time (a continued run's record counts those of all runs; `finish`)."""
+    earlier = rec.get("continued_from")
+    own = {k: v for k, v in rec.items() if k not in ("continued_from", "wall_seconds_earlier_runs")}
+    if earlier is not None:
+        own["frames"] = rec["frames"] - earlier.get("frames", 0)
+        own["wall_seconds"] = round(rec["wall_seconds"] - rec.get("wall_seconds_earlier_runs", 0.0), 1)
+    return [*(_runs(earlier) if earlier is not None else []), own]
+
+
+def average_caption_runs(works: Sequence[Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The mean of the weights of caption-stage runs that started from the same regress weights (a
+    "model soup": each run's errors differ, the mean keeps what they share), and its record: the
+    averaged runs' records, the distinct runs' steps, frames and wall time summed, and the frames after
+    the last any of them used (so that a caption run from the mean sees new ones)."""
+    import torch
+
+    starts = []
+    for w in works:
+        if not (w / "caption.pt").exists() or _stage_record(w, "caption") is None:
+            raise SystemExit(f"average: {w} holds no caption-stage run (caption.pt and caption.json)")
+        starts.append(_stage_record(w, "regress"))
+    if any(r != starts[0] for r in starts[1:]):
+        raise SystemExit("average: the runs did not start from the same regress weights (their regress.json differ)")
+    states = [torch.load(w / "caption.pt") for w in works]
+    for w, sd in zip(works[1:], states[1:], strict=True):
+        if sd.keys() != states[0].keys() or any(sd[k].shape != states[0][k].shape for k in sd):
+            raise SystemExit(f"average: {w}'s weights differ in layout from {works[0]}'s")
+    mean = {k: (sum(sd[k].double() for sd in states) / len(states)).to(states[0][k].dtype)
+            if states[0][k].is_floating_point() else states[0][k] for k in states[0]}
+    recs = [_stage_record(w, "caption") or {} for w in works]
+    runs = list({json.dumps(r, sort_keys=True): r for rec in recs for r in _runs(rec)}.values())
+    total = {key: sum(r.get(key, 0) for r in runs)
+             for key in ("steps", "frames", "frames_without_objects", "frames_with_a_count_added")}
+    wall = round(sum(r.get("wall_seconds", 0.0) for r in runs), 1)
+    return mean, {"averaged": recs, "distinct_runs": len(runs), **total, "started_from": "regress.pt",
+                  **{key: max(r[key] for r in recs) for key in ("next_frame", "next_empty_frame", "next_count_frame")},
+                  "wall_seconds_earlier_runs": wall}
+
+
 # -- export -----------------------------------------------------------------------------------------
 
 
@@ -1420,12 +1461,13 @@ def command(argv: Sequence[str] | None) -> str:
     return " ".join([".venv/bin/python tools/train_demo_vlm.py", *(argv if argv is not None else sys.argv[1:])])
 
 
-STAGES = ("keywords", "recover-prompt", "prompt", "regress", "caption", "eval")
+STAGES = ("keywords", "recover-prompt", "prompt", "regress", "caption", "average", "eval")
+DEFAULT_STAGES = tuple(x for x in STAGES if x != "average")  # average needs --average-of
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stages", default=",".join(STAGES),
+    p.add_argument("--stages", default=",".join(DEFAULT_STAGES),
                    help=f"comma-separated subset of {','.join(STAGES)}, run in that order; each stage reads what "
                    "the earlier ones saved in --work (so stages may run as separate commands: 'prompt' needs no "
                    "vision weights and may run beside 'keywords')")
@@ -1495,6 +1537,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--caption-count-slot-weight", type=float, default=0.0,
                    help="caption stage: weight of the regress stage's loss on the count slots, kept beside the "
                         "caption loss (0: captions only)")
+    p.add_argument("--caption-first-frames", type=int, nargs=3, default=[0, EMPTY_FRAMES_FIRST, COUNT_FRAMES_FIRST],
+                   metavar=("PLAIN", "EMPTY", "COUNT"),
+                   help="caption stage, a run from regress weights: where its frames of stream seed + 1 start (frames "
+                        "as drawn, the scan for frames without objects, the scan for frames with a count), so that "
+                        "runs from the same start see different frames (a run from caption.pt continues after its own)")
+    p.add_argument("--average-of", type=Path, nargs="+", default=[], metavar="WORK",
+                   help="average stage: the work folders whose caption.pt are averaged (runs of the caption stage "
+                        "from the same regress weights)")
     p.add_argument("--caption-monitor-every", type=int, default=50,
                    help="caption stage: held-out teacher-forced scores every n steps (0: before and after only)")
     p.add_argument("--minutes2", type=float, default=15.0)
@@ -1519,6 +1569,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bad = [x for x in args.stages if x not in STAGES]
     if bad:
         p.error(f"unknown stage(s) {bad}; known: {', '.join(STAGES)}")
+    if "average" in args.stages and len(args.average_of) < 2:
+        p.error("the average stage needs two or more work folders in --average-of")
     if args.eval_seed in (args.seed, args.seed + 1, args.seed + 2):
         p.error("--eval-seed must differ from the training streams")
     return args
@@ -1538,10 +1590,12 @@ def _stage_record(work: Path, name: str) -> dict[str, Any] | None:
 
 
 def _commands(rec: dict[str, Any] | None) -> list[str]:
-    """The commands of a stage record, earlier runs (continued_from) first."""
+    """The commands of a stage record, earlier runs (continued_from, or the runs it averaged) first,
+    each once."""
     if not rec:
         return []
-    return [*_commands(rec.get("continued_from")), rec["command"]] if "command" in rec else []
+    earlier = [c for r in rec.get("averaged", [rec.get("continued_from")]) for c in _commands(r)]
+    return [*dict.fromkeys(earlier), rec["command"]] if "command" in rec else []
 
 
 def _first_start(rec: dict[str, Any] | None) -> str:
@@ -1724,12 +1778,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit("caption: the saved soft prompt predates the keyword vocabulary")
             rec = train_captions(vs, dec, tok, prompts, args, cfg, time.time() + 60 * args.minutes2,
                                  slots=(soft, kw) if args.caption_count_slot_weight > 0 else None,
-                                 first=(earlier or {}).get("next_frame", 0),
-                                 first_empty=(earlier or {}).get("next_empty_frame", EMPTY_FRAMES_FIRST),
-                                 first_count=(earlier or {}).get("next_count_frame", COUNT_FRAMES_FIRST))
+                                 first=(earlier or {}).get("next_frame", args.caption_first_frames[0]),
+                                 first_empty=(earlier or {}).get("next_empty_frame", args.caption_first_frames[1]),
+                                 first_count=(earlier or {}).get("next_count_frame", args.caption_first_frames[2]))
             rec["started_from"] = latest.name
             torch.save(vs.state_dict(), args.work / "caption.pt")
             finish(stage, rec, t0, earlier)
+        elif stage == "average":
+            mean, rec = average_caption_runs(args.average_of)
+            for name in (*STAGES[:STAGES.index("caption")], WARM_START_RECORD.removesuffix(".json")):
+                if (args.average_of[0] / f"{name}.json").exists():  # the stages before: the runs' shared start
+                    shutil.copy(args.average_of[0] / f"{name}.json", args.work / f"{name}.json")
+            vs.load_state_dict(mean)
+            torch.save(mean, args.work / "caption.pt")
+            rec["command"] = command(argv)
+            rec["wall_seconds"] = round(time.time() - t0 + rec["wall_seconds_earlier_runs"], 1)
+            (args.work / "caption.json").write_text(json.dumps(rec, indent=2))
+            log.info("average: the mean of %d caption runs (%d distinct runs, %d steps, %.0f s) -> %s",
+                     len(args.average_of), rec["distinct_runs"], rec["steps"], rec["wall_seconds"],
+                     args.work / "caption.pt")
         elif stage == "eval":
             latest = _latest_vision(args.work)
             if latest is None:
