@@ -46,7 +46,11 @@ may run beside "keywords"):
    a slot's output a quarter of the way from "No" to "." is the nearest keyword's, but the decoder
    does not read it so. A run from caption.pt continues the saved one on the frames after it.
    Scored before, every --caption-monitor-every steps and after on 64 + 16 fixed frames of
-   stream seed + 2 (teacher-forced loss, token accuracy, exact captions).
+   stream seed + 2 (teacher-forced loss, token accuracy, exact captions). --caption-first-frames
+   moves a run from regress weights onto other frames.
+   average (not in the default --stages; --average-of WORK WORK ...): the mean of the weights of
+   caption runs from the same regress weights (a "model soup": the runs' errors differ, the mean keeps
+   what they share), saved as caption.pt with a record of every run averaged.
 5. eval: export (transformers-layout checkpoint -> edgevlm_ros.tools.convert.convert_mmproj, F16), then
    `--eval-frames` frames of `--eval-seed` (never used in training, the training frame sizes) through
    OUR engine and through torch (the same F16-rounded vision weights, the same dequantized decoder):
