@@ -478,15 +478,15 @@ def test_caption_stage_finds_frames_without_objects() -> None:
         assert not generate_scene(2, i, *tool.frame_size(2, i)).objects, i
 
 
-@pytest.mark.parametrize("kind", ["count", "large_pair"])
+@pytest.mark.parametrize("kind", ["count", "large", "small"])
 def test_training_stages_find_frames_with_a_count(kind: str) -> None:
     """--caption-count-every's frames (two or more alike objects in one third) and
-    --regress-pair-every's (two or more alike large ones), also drawn at their training size: the
-    caption then says the count (of large objects), after the frames without objects; a frame
-    without such a group is passed over."""
+    --regress-pair-every's (two or more alike ones of --pair-size), also drawn at their training size:
+    the caption then says the count (of objects of that size), after the frames without objects; a
+    frame without such a group is passed over."""
     tool = _training_tool()
-    find, keep = (tool.count_frames, tool.has_count) if kind == "count" else (tool.large_pair_frames,
-                                                                              tool.has_large_pair)
+    find, keep = ((tool.count_frames, tool.has_count) if kind == "count" else
+                  (lambda *a: tool.pair_frames(*a, kind), lambda s: tool.has_pair(s, kind)))
     ids = find(2, tool.COUNT_FRAMES_FIRST, 12)
     assert len(ids) == 12 and ids == sorted(set(ids)) and ids[0] >= tool.COUNT_FRAMES_FIRST > tool.EMPTY_FRAMES_FIRST
     for i in ids:
@@ -494,7 +494,7 @@ def test_training_stages_find_frames_with_a_count(kind: str) -> None:
         words = scene.caption.lower().replace(",", "").split()
         said = [words[k + 1] for k, w in enumerate(words[:-1]) if w in ("two", "three")]
         assert keep(scene) and said, (i, scene.caption)
-        assert kind == "count" or "large" in said, (i, scene.caption)
+        assert kind == "count" or kind in said, (i, scene.caption)
     skipped = set(range(ids[0], ids[-1])) - set(ids)
     assert skipped and not any(keep(generate_scene(2, i, 64, 48)) for i in skipped)
 

@@ -752,8 +752,8 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     step = 0
     acc_hist: list[float] = []
     dense_shape_hist: list[float] = []  # per-patch shape accuracy on object patches (the aux head)
-    # The regress stage may take every n-th frame of a batch from frames with two or more alike large
-    # objects in one third (--regress-pair-every), the frames its count slots miss most.
+    # The regress stage may take every n-th frame of a batch from frames with two or more alike objects
+    # of one size in one third (--regress-pair-every, --pair-size), the frames its count slots miss most.
     n_pair = args.batch1 // args.regress_pair_every if name == "regress" and args.regress_pair_every > 0 else 0
     n_main = args.batch1 - n_pair
     pool = FramePool(args.seed, args.pool1, cfg, labels=True, first=args.pool1_first)
@@ -763,7 +763,7 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
     if n_pair:
         size = min(max(args.pool1 // args.regress_pair_every, 1), steps * n_pair)
         pairs = FramePool(args.seed, size, cfg, labels=True,
-                          indices=large_pair_frames(args.seed, args.pair_first, size))
+                          indices=pair_frames(args.seed, args.pair_first, size, args.pair_size))
         pairs.fill(size, args.draw_workers)
     # Per-slot weights of the slot loss: the shape slots (4th of each group) can count more.
     slot_weight = torch.ones(N_IMAGE_TOKENS)
@@ -855,9 +855,9 @@ def train_vision(name: str, vs: VisionSide, soft: SoftPrompt, kw: Keywords, args
             "distinct_frames": min(args.pool1, len(acc_hist) * args.batch1),
             "pool_first_frame": args.pool1_first, "seconds": round(time.time() - t0, 1),
             "final_slot_accuracy_train_avg20": round(float(np.mean(acc_hist[-20:])), 4) if acc_hist else None,
-            **({"frames_with_a_large_pair_added": n_pair * len(acc_hist),
-                "distinct_large_pair_frames": pairs.size, "large_pair_first_frame": args.pair_first,
-                "next_large_pair_frame": next_frame(pairs.indices or [], pairs.size, args.pair_first)}
+            **({"pair_size": args.pair_size, "frames_with_a_pair_added": n_pair * len(acc_hist),
+                "distinct_pair_frames": pairs.size, "pair_first_frame": args.pair_first,
+                "next_pair_frame": next_frame(pairs.indices or [], pairs.size, args.pair_first)}
                if pairs is not None else {})}
 
 
@@ -1051,14 +1051,15 @@ def count_frames(seed: int, first: int, count: int) -> list[int]:
     return frames_where(seed, first, count, has_count)
 
 
-def has_large_pair(scene: Scene) -> bool:
-    """Two or more alike large objects in one third (~5% of a stream): where they overlap, the
-    count slot has to tell two from one large object."""
-    return any(n > 1 and o.size == "large" for n, o in mentions(scene.objects))
+def has_pair(scene: Scene, size: str = "large") -> bool:
+    """Two or more alike objects of `size` in one third: large ones (~5% of a stream), where they
+    overlap the count slot has to tell two from one large object; small ones, which at the tile's
+    scale in a large frame are a few pixels apart."""
+    return any(n > 1 and o.size == size for n, o in mentions(scene.objects))
 
 
-def large_pair_frames(seed: int, first: int, count: int) -> list[int]:
-    return frames_where(seed, first, count, has_large_pair)
+def pair_frames(seed: int, first: int, count: int, size: str = "large") -> list[int]:
+    return frames_where(seed, first, count, lambda s: has_pair(s, size))
 
 
 def next_frame(ids: Sequence[int], used: int, first: int) -> int:
@@ -1511,11 +1512,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--shape-weight", type=float, default=1.0, help="weight of the shape slots in the slot loss")
     p.add_argument("--count-weight", type=float, default=1.0, help="weight of the count slots in the slot loss")
     p.add_argument("--regress-pair-every", type=int, default=0,
-                   help="regress stage: every n-th frame of a batch is one with two or more alike large objects in "
-                        "one third (0: as the world draws, ~1 in 20)")
+                   help="regress stage: every n-th frame of a batch is one with two or more alike objects of "
+                        "--pair-size in one third (0: as the world draws; large ones ~1 in 20)")
+    p.add_argument("--pair-size", choices=("large", "small"), default="large",
+                   help="regress stage: the size of --regress-pair-every's alike objects")
     p.add_argument("--pair-first", type=int, default=1 << 25,
                    help="regress stage: the scan for --regress-pair-every's frames starts at this frame of the "
-                        "training stream (a further run continues at the record's next_large_pair_frame)")
+                        "training stream (a further run continues at the record's next_pair_frame)")
     p.add_argument("--end-weight", type=float, default=1.0,
                    help="weight of the end slot (object / no-object decision) in the slot loss")
     p.add_argument("--continue-regress", action="store_true",
