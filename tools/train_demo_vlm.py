@@ -1793,9 +1793,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             finish(stage, rec, t0, earlier)
         elif stage == "average":
             mean, rec = average_caption_runs(args.average_of)
-            for name in (*STAGES[:STAGES.index("caption")], WARM_START_RECORD.removesuffix(".json")):
-                if (args.average_of[0] / f"{name}.json").exists():  # the stages before: the runs' shared start
-                    shutil.copy(args.average_of[0] / f"{name}.json", args.work / f"{name}.json")
+            # The runs' shared start: the records of the stages before and the soft prompt they trained against.
+            for name in (*(f"{n}.json" for n in STAGES[:STAGES.index("caption")]), WARM_START_RECORD, "prompt.pt"):
+                if (args.average_of[0] / name).exists():
+                    shutil.copy(args.average_of[0] / name, args.work / name)
             vs.load_state_dict(mean)
             torch.save(mean, args.work / "caption.pt")
             rec["command"] = command(argv)
