@@ -1209,11 +1209,11 @@ def average_caption_runs(works: Sequence[Path]) -> tuple[dict[str, Any], dict[st
     the last any of them used (so that a caption run from the mean sees new ones)."""
     import torch
 
-    starts = []
-    for w in works:
-        if not (w / "caption.pt").exists() or _stage_record(w, "caption") is None:
+    recs = [_stage_record(w, "caption") for w in works]
+    for w, rec in zip(works, recs, strict=True):
+        if not (w / "caption.pt").exists() or rec is None:
             raise SystemExit(f"average: {w} holds no caption-stage run (caption.pt and caption.json)")
-        starts.append(_stage_record(w, "regress"))
+    starts = [_stage_record(w, "regress") for w in works]
     if any(r != starts[0] for r in starts[1:]):
         raise SystemExit("average: the runs did not start from the same regress weights (their regress.json differ)")
     states = [torch.load(w / "caption.pt") for w in works]
@@ -1222,7 +1222,6 @@ def average_caption_runs(works: Sequence[Path]) -> tuple[dict[str, Any], dict[st
             raise SystemExit(f"average: {w}'s weights differ in layout from {works[0]}'s")
     mean = {k: (sum(sd[k].double() for sd in states) / len(states)).to(states[0][k].dtype)
             if states[0][k].is_floating_point() else states[0][k] for k in states[0]}
-    recs = [_stage_record(w, "caption") or {} for w in works]
     runs = list({json.dumps(r, sort_keys=True): r for rec in recs for r in _runs(rec)}.values())
     total = {key: sum(r.get(key, 0) for r in runs)
              for key in ("steps", "frames", "frames_without_objects", "frames_with_a_count_added")}
@@ -1705,17 +1704,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                count: str = "frames") -> None:
         """Writes the stage's record. `earlier`: the record of the run this one continued, kept as
         continued_from; the count (`count`: frames or scenes) and the wall time then cover all runs
-        (an earlier record's own wall_seconds already covers the runs before it). A record's
+        (an earlier record's own wall_seconds already covers the runs before it; a record that
+        carries wall_seconds_earlier_runs itself, the average stage's, adds those). A record's
         started_from notes weights carried over from another tile geometry."""
         rec["command"] = command(argv)
         if vs.retiled_from and "started_from" in rec:
             rec["started_from"] += f", carried over from tile {vs.retiled_from} (retiled)"
-        rec["wall_seconds"] = round(time.time() - t0, 1)
         if earlier is not None:
             rec["continued_from"] = earlier
             rec[count] += earlier.get(count, 0)
             rec["wall_seconds_earlier_runs"] = earlier.get("wall_seconds", 0.0)
-            rec["wall_seconds"] += rec["wall_seconds_earlier_runs"]
+        rec["wall_seconds"] = round(time.time() - t0 + rec.get("wall_seconds_earlier_runs", 0.0), 1)
         (args.work / f"{name}.json").write_text(json.dumps(rec, indent=2))
 
     for stage in args.stages:
@@ -1798,10 +1797,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if (args.average_of[0] / name).exists():
                     shutil.copy(args.average_of[0] / name, args.work / name)
             vs.load_state_dict(mean)
-            torch.save(mean, args.work / "caption.pt")
-            rec["command"] = command(argv)
-            rec["wall_seconds"] = round(time.time() - t0 + rec["wall_seconds_earlier_runs"], 1)
-            (args.work / "caption.json").write_text(json.dumps(rec, indent=2))
+            torch.save(vs.state_dict(), args.work / "caption.pt")  # as the caption stage saves (retiled to --tile)
+            finish("caption", rec, t0)
             log.info("average: the mean of %d caption runs (%d distinct runs, %d steps, %.0f s) -> %s",
                      len(args.average_of), rec["distinct_runs"], rec["steps"], rec["wall_seconds"],
                      args.work / "caption.pt")
