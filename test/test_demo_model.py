@@ -439,13 +439,16 @@ def test_average_stage_means_caption_runs_from_one_start(tmp_path: Path, capsys:
     later = {"command": "caption a then b", "steps": 20, "frames": 480, "wall_seconds": 150.0,
              "wall_seconds_earlier_runs": 50.0, "continued_from": first, "next_frame": 360,
              "next_empty_frame": 8, "next_count_frame": 11}
-    other = {**first, "command": "caption c", "wall_seconds": 60.0, "next_count_frame": 30}
+    other = {**first, "command": "caption c", "wall_seconds": 60.0, "next_count_frame": 30,
+             "hard_frames_added": 40, "next_hard_frame": 7000}  # a run with hard frames (--caption-hard-every)
     works = [run("a", 1.0, first), run("ab", 2.0, later), run("c", 6.0, other)]
     mean, rec = tool.average_caption_runs(works)
     assert torch.allclose(mean["w"], torch.full((2, 3), 3.0)) and int(mean["steps_seen"]) == 7
     assert rec["distinct_runs"] == 3 and rec["steps"] == 40 and rec["frames"] == 640
     assert rec["wall_seconds_earlier_runs"] == 210.0
     assert (rec["next_frame"], rec["next_empty_frame"], rec["next_count_frame"]) == (360, 8, 30)
+    assert rec["hard_frames_added"] == 40 and rec["next_hard_frame"] == 7000
+    assert "next_hard_frame" not in tool.average_caption_runs(works[:2])[1]
     rec["command"] = "average"
     assert tool._commands(rec) == ["caption a", "caption a then b", "caption c", "average"]
     (works[2] / "regress.json").write_text(json.dumps({**regress, "frames": 101}))
@@ -704,20 +707,17 @@ def test_independent_renderer_against_committed_thresholds(demo_vlm: Any, set_na
         assert rates[key] >= low, f"{set_name}: {key} {rates[key]:.3f} < {low}\n{report}"
 
 
-def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any, Any]], demo_text: Path,
-                                                text_model_path: Path, hf_model: Any) -> None:
-    """The same frames through the torch model (transformers' Idefics3 vision classes with the weights
-    read back from the committed mmproj, SmolLM2 dequantized to float32): the greedy texts must be
-    equal, except where the torch model's top-2 logits are within TIE_MARGIN at the first differing
-    token (our default decode kernels quantize activations to int8: test_parity.py measures their
-    logit error, <= 0.37, and uses the same margin). Every difference is reported."""
+@pytest.fixture(scope="module")
+def torch_demo(demo_text: Path, text_model_path: Path, hf_model: Any) -> tuple[Any, ...]:
+    """The committed model in the training tool's torch classes: (tool, tower, decoder, tokenizer,
+    prompt, preprocess config) — transformers' Idefics3 vision classes with the weights read back from
+    the committed mmproj, SmolLM2 dequantized to float32."""
     import torch
 
     T = _training_tool()
 
     from edgevlm_ros import _engine
     from edgevlm_ros.demo.demo_model import DEMO_MMPROJ_PATH, DEMO_RECORD_PATH
-    from edgevlm_ros.engine.preprocess import preprocess
     from edgevlm_ros.engine.tokenizer import Tokenizer
 
     vision = json.loads(DEMO_RECORD_PATH.read_text())["vision"]
@@ -736,6 +736,20 @@ def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any,
     meta = _engine.GGUFFile(str(demo_text)).metadata()
     tok = Tokenizer.from_gguf_metadata(meta)
     prompt = T.make_prompt(tok, meta["tokenizer.chat_template"], PROMPT)
+    return T, vs, dec, tok, prompt, cfg
+
+
+def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any, Any]], torch_demo: tuple[Any, ...]
+                                                ) -> None:
+    """The same frames through the torch model (torch_demo): the greedy texts must be
+    equal, except where the torch model's top-2 logits are within TIE_MARGIN at the first differing
+    token (our default decode kernels quantize activations to int8: test_parity.py measures their
+    logit error, <= 0.37, and uses the same margin). Every difference is reported."""
+    import torch
+
+    from edgevlm_ros.engine.preprocess import preprocess
+
+    T, vs, dec, tok, prompt, cfg = torch_demo
     pixels = torch.from_numpy(np.stack([preprocess(s.image(), cfg).pixel_values[0] for s, _ in held_out_sample]))
     stop = {tok.token_to_id("<|im_end|>"), tok.eos_id}
     tokens, margins = T.torch_greedy(vs, dec, prompt, pixels, stop, MAX_NEW_TOKENS)
@@ -753,6 +767,32 @@ def test_engine_text_equals_torch_on_the_sample(held_out_sample: list[tuple[Any,
     print("\n".join(report) or "engine == torch on every frame")
     assert not too_far, "differences away from a near tie:\n" + "\n".join(too_far)
     assert same >= ENGINE_EQUALS_TORCH_MIN * HELD_OUT_FRAMES, "\n".join(report)
+
+
+def test_caption_stage_hard_frames_are_the_ones_in_doubt(torch_demo: tuple[Any, ...]) -> None:
+    """--caption-hard-every's scan: a caption whose count word is wrong costs more than the right one
+    (the worst-token loss sees one wrong word in a long caption), and the frames kept are the scan's
+    largest worst-token losses, in stream order."""
+    import torch
+
+    T, vs, dec, tok, prompt, cfg = torch_demo
+    seed, first, scan, keep = 2, 5000, 48, 6
+    scenes, px = T.FramePool(seed, scan, cfg, first=first).batch(0, scan)
+    with torch.no_grad():
+        worst = T.worst_token_losses(dec, tok, prompt, vs(px), scenes)
+        one = next(i for i, s in enumerate(scenes) if len(s.objects) == 1)
+        wrong = replace(scenes[one], caption=caption_for(scenes[one].objects * 2))  # "Two ..." of one object
+        assert wrong.caption.startswith("Two") and scenes[one].caption != wrong.caption
+        doubt = T.worst_token_losses(dec, tok, prompt, vs(px[one : one + 1]), [wrong])
+    assert float(doubt[0]) > float(worst[one]) + 1.0, (scenes[one].caption, float(worst[one]), float(doubt[0]))
+    found = T.hard_frames(vs, dec, tok, prompt, seed, cfg, first, scan, keep, workers=1, chunk=20)
+    assert found["frames"] == sorted(found["frames"]) and len(found["frames"]) == keep
+    kept = [k - first for k in found["frames"]]
+    dropped = [k for k in range(scan) if k not in kept]
+    assert min(worst[kept]) >= max(worst[dropped]) - 1e-4
+    assert abs(found["worst_token_loss_kept_from"] - float(min(worst[kept]))) < 1e-3
+    with pytest.raises(SystemExit, match="hard frames wanted"):
+        T.hard_frames(vs, dec, tok, prompt, seed, cfg, first, 4, 5, workers=1)
 
 
 # -- the converter's vision-only entry point (what the training tool exports with) --------------------

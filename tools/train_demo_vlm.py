@@ -41,7 +41,9 @@ may run beside "keywords"):
    (and with --train-patch-embedding its patch embedding)
    fine-tuned through the frozen decoder on teacher-forced captions of new frames (stream seed + 1,
    each seen once; every --caption-empty-every-th one without objects, every --caption-count-every-th
-   one with two or more alike objects in a third). The regress targets are the
+   one with two or more alike objects in a third, every --caption-hard-every-th one of the frames the
+   starting tower leaves most in doubt: the largest teacher-forced loss of any caption token among
+   --caption-hard-scan new frames). The regress targets are the
    nearest-keyword picture of what the decoder needs; this stage corrects what lies between them:
    a slot's output a quarter of the way from "No" to "." is the nearest keyword's, but the decoder
    does not read it so. A run from caption.pt continues the saved one on the frames after it.
@@ -969,11 +971,10 @@ def recover_prompt(soft: SoftPrompt, vs: VisionSide, kw: Keywords, args: argpars
     return {"frames": args.recover_frames, "rounds": rounds, "from_mmproj": str(args.regress_from_mmproj)}
 
 
-def caption_loss(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scenes: Sequence[Scene]
-                 ) -> tuple[Any, float, float]:
-    """Teacher-forced cross-entropy of the scenes' captions (and <|im_end|>) when the image positions
-    of the prompt hold `image` (B, 16, 576); also the token accuracy and the fraction of captions
-    with every token right."""
+def caption_logits(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scenes: Sequence[Scene]
+                   ) -> tuple[Any, Any]:
+    """Teacher-forced logits (B, L, vocabulary) of the scenes' captions (and <|im_end|>) when the image
+    positions of the prompt hold `image` (B, 16, 576), and their targets (B, L; -100 past the end)."""
     import torch
 
     tgt, inp = caption_batch(tok, scenes)
@@ -984,13 +985,68 @@ def caption_loss(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scene
     h = dec.hidden(x, dec.prefix_cache(prompt.prefix, b))
     # The answer's token j is predicted at the position before it: the last prompt token for j = 0.
     n_rest = len(prompt.rest)
-    logits = dec.logits(h[:, n_rest - 1 : n_rest - 1 + tgt.shape[1]])
+    return dec.logits(h[:, n_rest - 1 : n_rest - 1 + tgt.shape[1]]), tgt
+
+
+def caption_loss(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scenes: Sequence[Scene]
+                 ) -> tuple[Any, float, float]:
+    """Teacher-forced cross-entropy of the scenes' captions (and <|im_end|>) when the image positions
+    of the prompt hold `image` (B, 16, 576); also the token accuracy and the fraction of captions
+    with every token right."""
+    import torch
+
+    logits, tgt = caption_logits(dec, tok, prompt, image, scenes)
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB_SIZE), tgt.reshape(-1), ignore_index=-100)
     with torch.no_grad():
         ok = (logits.argmax(-1) == tgt) | (tgt == -100)
         tok_acc = float(ok[tgt != -100].float().mean())
         seq_acc = float(ok.all(-1).float().mean())
     return loss, tok_acc, seq_acc
+
+
+def worst_token_losses(dec: Decoder, tok: Tokenizer, prompt: Prompt, image: Any, scenes: Sequence[Scene]
+                       ) -> np.ndarray:
+    """Per scene: the largest teacher-forced cross-entropy of any token of its caption (one wrong count
+    or shape word is one token; a mean over the caption would dilute it)."""
+    import torch
+
+    logits, tgt = caption_logits(dec, tok, prompt, image, scenes)
+    ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tgt, ignore_index=-100, reduction="none")
+    return ce.max(-1).values.detach().numpy()
+
+
+def hard_frames(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompt: Prompt, seed: int, cfg: PreprocessConfig,
+                first: int, scan: int, keep: int, workers: int, chunk: int = 256) -> dict[str, Any]:
+    """The `keep` frames among frames first .. first + scan - 1 of stream `seed` whose captions the tower
+    (in evaluation mode) leaves most in doubt: the largest worst-token loss (worst_token_losses). Their
+    numbers in stream order, and what the scan found."""
+    import torch
+
+    if keep > scan:
+        raise SystemExit(f"caption stage: {keep} hard frames wanted from a scan of {scan}")
+    training = vs.vision.training
+    vs.train(False)
+    t0 = time.time()
+    worst = np.zeros(scan, np.float32)
+    with torch.no_grad():
+        for c in range(0, scan, chunk):
+            n = min(chunk, scan - c)
+            pool = FramePool(seed, n, cfg, first=first + c)
+            pool.fill(n, workers)
+            for b in range(0, n, 32):
+                scenes, px = pool.batch(b, min(32, n - b))
+                worst[c + b : c + b + len(scenes)] = worst_token_losses(dec, tok, prompt, vs(px), scenes)
+    vs.train(training)
+    order = np.argsort(-worst, kind="stable")[:keep]
+    chosen = sorted(int(first + k) for k in order)
+    threshold = float(worst[order[-1]]) if keep else float("nan")
+    log.info("caption stage: scanned %d frames of stream %d from %d in %.0f s; kept the %d hardest (worst-token "
+             "loss >= %.3f; median of the scan %.3f)", scan, seed, first, time.time() - t0, keep, threshold,
+             float(np.median(worst)))
+    return {"frames": chosen, "first_frame": first, "frames_scanned": scan, "kept": keep,
+            "worst_token_loss_kept_from": round(threshold, 4),
+            "worst_token_loss_median": round(float(np.median(worst)), 4),
+            "seconds": round(time.time() - t0, 1)}
 
 
 def count_slot_loss(image: Any, scenes: Sequence[Scene], soft: SoftPrompt, kw: Keywords) -> Any:
@@ -1103,19 +1159,22 @@ def caption_scores(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompt: Prompt,
 # apart from its other frames (which start at 0); its frames with a count from COUNT_FRAMES_FIRST on.
 EMPTY_FRAMES_FIRST = 1 << 24
 COUNT_FRAMES_FIRST = 1 << 25
+HARD_FRAMES_FIRST = 3 << 24  # the scan for hard frames (--caption-hard-every)
 
 
 def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[Prompt], args: argparse.Namespace,
                    cfg: PreprocessConfig, deadline: float, first: int = 0, first_empty: int = EMPTY_FRAMES_FIRST,
-                   first_count: int = COUNT_FRAMES_FIRST, slots: tuple[SoftPrompt, Keywords] | None = None
-                   ) -> dict[str, Any]:
+                   first_count: int = COUNT_FRAMES_FIRST, first_hard: int = HARD_FRAMES_FIRST,
+                   slots: tuple[SoftPrompt, Keywords] | None = None) -> dict[str, Any]:
     """Connector, post-layernorm and the top encoder layers fine-tuned through the frozen decoder on
     teacher-forced captions of new frames of stream seed + 1 (each seen once; frames `first`, first + 1,
     ...), every --caption-empty-every-th frame one without objects (those from `first_empty` on) and
-    every --caption-count-every-th one with two or more alike objects in a third (from `first_count` on);
-    scored before and after on a fixed held-out set (stream seed + 2). With `slots` (the regress
-    stage's targets) and --caption-count-slot-weight, the count slots keep the regress stage's loss
-    too: each stays nearest its count word's target, wherever the captions move it within that."""
+    every --caption-count-every-th one with two or more alike objects in a third (from `first_count` on)
+    and every --caption-hard-every-th one of the hardest for the starting tower among --caption-hard-scan
+    frames from `first_hard` on (hard_frames); scored before and after on a fixed held-out set (stream
+    seed + 2). With `slots` (the regress stage's targets) and --caption-count-slot-weight, the count slots
+    keep the regress stage's loss too: each stays nearest its count word's target, wherever the captions
+    move it within that."""
     import torch
 
     trainable: list[Any] = [*vs.connector.parameters(), *vs.vision.post_layernorm.parameters()]
@@ -1138,21 +1197,26 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
     step = 0
     n_empty = args.batch2 // args.caption_empty_every if args.caption_empty_every else 0
     n_count = args.batch2 // args.caption_count_every if args.caption_count_every else 0
-    n_plain = args.batch2 - n_empty - n_count
+    n_hard = args.batch2 // args.caption_hard_every if args.caption_hard_every else 0
+    n_plain = args.batch2 - n_empty - n_count - n_hard
     if n_plain < 0:
-        raise SystemExit("caption stage: --caption-empty-every and --caption-count-every leave no room in the batch")
+        raise SystemExit("caption stage: --caption-empty-every, --caption-count-every and --caption-hard-every leave "
+                         "no room in the batch")
     pool = FramePool(args.seed + 1, 1 << 30, cfg, first=first)  # every frame once
     empty_ids = empty_frames(args.seed + 1, first_empty, n_empty * args.steps2)
     empties = FramePool(args.seed + 1, 1 << 30, cfg, indices=empty_ids) if n_empty else None
     count_ids = count_frames(args.seed + 1, first_count, n_count * args.steps2)
     counted = FramePool(args.seed + 1, 1 << 30, cfg, indices=count_ids) if n_count else None
+    hard_scan = (hard_frames(vs, dec, tok, prompts[0], args.seed + 1, cfg, first_hard, args.caption_hard_scan,
+                             n_hard * args.steps2, args.draw_workers) if n_hard else None)
+    hard = FramePool(args.seed + 1, 1 << 30, cfg, indices=hard_scan["frames"]) if hard_scan else None
     for step in range(args.steps2):
         if time.time() > deadline:
             log.warning("caption stage: time budget reached after %d steps", step)
             break
         prompt = prompts[step % len(prompts)]
         scenes, px = pool.batch(step * n_plain, n_plain)
-        for extra, n_extra in ((empties, n_empty), (counted, n_count)):
+        for extra, n_extra in ((empties, n_empty), (counted, n_count), (hard, n_hard)):
             if extra is not None:
                 e_scenes, e_px = extra.batch(step * n_extra, n_extra)
                 scenes, px = scenes + e_scenes, torch.cat([px, e_px])
@@ -1183,6 +1247,9 @@ def train_captions(vs: VisionSide, dec: Decoder, tok: Tokenizer, prompts: list[P
             "next_empty_frame": next_frame(empty_ids, n_done * n_empty, first_empty),
             "frames_with_a_count_added": n_done * n_count,
             "next_count_frame": next_frame(count_ids, n_done * n_count, first_count),
+            **({"hard_frames_added": n_done * n_hard,
+                "hard_scan": {k: v for k, v in hard_scan.items() if k != "frames"}} if hard_scan else {}),
+            "next_hard_frame": first_hard + (args.caption_hard_scan if hard_scan else 0),
             "seconds": round(time.time() - t0, 1), "lr": args.lr2,
             "trained": f"connector, post_layernorm, last {args.train_layers} encoder layer(s)"
                        + (", patch embedding" if args.train_patch_embedding else ""),
@@ -1224,11 +1291,12 @@ def average_caption_runs(works: Sequence[Path]) -> tuple[dict[str, Any], dict[st
             if states[0][k].is_floating_point() else states[0][k] for k in states[0]}
     runs = list({json.dumps(r, sort_keys=True): r for rec in recs for r in _runs(rec)}.values())
     total = {key: sum(r.get(key, 0) for r in runs)
-             for key in ("steps", "frames", "frames_without_objects", "frames_with_a_count_added")}
+             for key in ("steps", "frames", "frames_without_objects", "frames_with_a_count_added", "hard_frames_added")}
     wall = round(sum(r.get("wall_seconds", 0.0) for r in runs), 1)
+    hard = [r["next_hard_frame"] for r in recs if "next_hard_frame" in r]  # runs before hard frames have none
     return mean, {"averaged": recs, "distinct_runs": len(runs), **total, "started_from": "regress.pt",
                   **{key: max(r[key] for r in recs) for key in ("next_frame", "next_empty_frame", "next_count_frame")},
-                  "wall_seconds_earlier_runs": wall}
+                  **({"next_hard_frame": max(hard)} if hard else {}), "wall_seconds_earlier_runs": wall}
 
 
 # -- export -----------------------------------------------------------------------------------------
@@ -1540,6 +1608,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--caption-count-every", type=int, default=0,
                    help="caption stage: every n-th frame of a batch is one with two or more alike objects in a third "
                         "(a count in its caption; 0: as the world draws, ~1 in 4)")
+    p.add_argument("--caption-hard-every", type=int, default=0,
+                   help="caption stage: every n-th frame of a batch is one of the hardest for the starting tower "
+                        "(largest teacher-forced loss of any caption token) among --caption-hard-scan new frames")
+    p.add_argument("--caption-hard-scan", type=int, default=6000,
+                   help="caption stage: frames scanned for the hard ones (--caption-hard-every)")
+    p.add_argument("--caption-hard-first", type=int, default=HARD_FRAMES_FIRST,
+                   help="caption stage: where the scan for hard frames starts in stream seed + 1 (a run that "
+                        "continues one that scanned continues after its scan)")
     p.add_argument("--caption-count-slot-weight", type=float, default=0.0,
                    help="caption stage: weight of the regress stage's loss on the count slots, kept beside the "
                         "caption loss (0: captions only)")
@@ -1786,7 +1862,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  slots=(soft, kw) if args.caption_count_slot_weight > 0 else None,
                                  first=(earlier or {}).get("next_frame", args.caption_first_frames[0]),
                                  first_empty=(earlier or {}).get("next_empty_frame", args.caption_first_frames[1]),
-                                 first_count=(earlier or {}).get("next_count_frame", args.caption_first_frames[2]))
+                                 first_count=(earlier or {}).get("next_count_frame", args.caption_first_frames[2]),
+                                 first_hard=(earlier or {}).get("next_hard_frame", args.caption_hard_first))
             rec["started_from"] = latest.name
             torch.save(vs.state_dict(), args.work / "caption.pt")
             finish(stage, rec, t0, earlier)
